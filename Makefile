@@ -1,0 +1,64 @@
+# gpufleet: `make demo` runs the local stack, `make test` runs every check CI runs.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: help venv binaries test pytest lint format check-generated generate demo bench clean
+
+help:
+	@echo "make demo             run agent + Prometheus + Alertmanager locally (Ctrl-C stops)"
+	@echo "make test             lint, generated-file check and the whole test suite"
+	@echo "make lint             ruff + mypy --strict"
+	@echo "make check-generated  fail if a generated file differs from what the code makes"
+	@echo "make bench            print every benchmark figure"
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	rm -f $(VENV)/.installed-* && touch $@
+
+venv: $(STAMP)
+
+# Prometheus and Alertmanager run for real in the demo and the tests.
+binaries:
+	@command -v prometheus >/dev/null && command -v prometheus-alertmanager >/dev/null || { \
+	  $(SUDO) apt-get update && \
+	  $(SUDO) apt-get install -y --no-install-recommends prometheus prometheus-alertmanager; }
+
+test: venv binaries check-generated lint pytest
+
+pytest: venv
+	$(PY) -m pytest
+
+lint: venv
+	$(VENV)/bin/ruff check exporter tests bench
+	$(VENV)/bin/ruff format --check exporter tests bench
+	$(VENV)/bin/mypy
+
+format: venv
+	$(VENV)/bin/ruff check --fix exporter tests bench
+	$(VENV)/bin/ruff format exporter tests bench
+
+# Nothing is generated yet; rules and dashboards will be.
+generate: venv
+	@true
+
+check-generated: generate
+	@git diff --exit-code --stat -- dashboards alerts helm || { \
+	  echo "generated files differ from the code: run 'make generate' and commit"; exit 1; }
+
+demo: venv binaries
+	$(VENV)/bin/gpufleet demo --workdir .demo
+
+bench: venv binaries
+	@command -v prometheus-node-exporter >/dev/null || { \
+	  $(SUDO) apt-get update && \
+	  $(SUDO) apt-get install -y --no-install-recommends prometheus-node-exporter; }
+	$(PY) bench/agent_scrape.py
+
+clean:
+	rm -rf .demo bench/out .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,3 @@
+"""gpufleet: observability for large GPU training clusters."""
+
+__version__ = "0.1.0"

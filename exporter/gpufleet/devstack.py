@@ -1,0 +1,335 @@
+"""Real Prometheus and Alertmanager processes on 127.0.0.1, for the demo and the tests.
+
+Each server gets an explicit listen address, configuration file and storage
+path under a work directory (their defaults bind 0.0.0.0 and write to system
+paths), is polled until ready, and is stopped by PID.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+_INSTALL_HINT = {
+    "prometheus": "apt-get install -y --no-install-recommends prometheus",
+    "promtool": "apt-get install -y --no-install-recommends prometheus",
+    "prometheus-alertmanager": "apt-get install -y --no-install-recommends prometheus-alertmanager",
+}
+
+
+class DevstackError(RuntimeError):
+    pass
+
+
+def find_binary(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        hint = _INSTALL_HINT.get(name, "")
+        raise DevstackError(
+            f"{name} is not on PATH" + (f"; install it with: {hint}" if hint else "")
+        )
+    return path
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def http_get(url: str, timeout: float = 5.0) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - local URLs
+        body: bytes = response.read()
+        return body
+
+
+def http_json(url: str, payload: Any | None = None, timeout: float = 5.0) -> Any:
+    data = None if payload is None else json.dumps(payload).encode()
+    request = urllib.request.Request(  # noqa: S310 - local URLs
+        url, data=data, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
+        body = response.read()
+        return json.loads(body) if body.strip() else None
+
+
+def wait_until(
+    probe: Callable[[], T | None],
+    timeout: float,
+    interval: float = 0.25,
+    what: str = "condition",
+) -> T:
+    """Poll ``probe`` until it returns something truthy; raise with ``what`` on timeout."""
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            result = probe()
+        except (OSError, urllib.error.URLError, ValueError, KeyError) as error:
+            last_error = error
+            result = None
+        if result:
+            return result
+        time.sleep(interval)
+    detail = f" (last error: {last_error})" if last_error else ""
+    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}{detail}")
+
+
+@dataclass
+class ManagedProcess:
+    """A child process with its log file; stopped by PID, SIGTERM then SIGKILL."""
+
+    argv: list[str]
+    log_path: Path
+    env: dict[str, str] | None = None
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
+        try:
+            self.process = subprocess.Popen(
+                self.argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.env,
+            )
+        finally:
+            log.close()
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.kill(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.kill(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout)
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def static_scrape_config(
+    job: str, targets: Sequence[str], metrics_path: str = "/metrics", **extra: Any
+) -> dict[str, Any]:
+    return {
+        "job_name": job,
+        "metrics_path": metrics_path,
+        "static_configs": [{"targets": list(targets)}],
+        **extra,
+    }
+
+
+@dataclass
+class PrometheusServer:
+    workdir: Path
+    scrape_configs: list[dict[str, Any]] = field(default_factory=list)
+    rule_files: list[str] = field(default_factory=list)
+    alertmanager_urls: list[str] = field(default_factory=list)
+    scrape_interval: str = "1s"
+    evaluation_interval: str = "1s"
+    port: int | None = None
+    extra_args: list[str] = field(default_factory=list)
+    process: ManagedProcess | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def config(self) -> dict[str, Any]:
+        config: dict[str, Any] = {
+            "global": {
+                "scrape_interval": self.scrape_interval,
+                "evaluation_interval": self.evaluation_interval,
+            },
+            "scrape_configs": self.scrape_configs,
+        }
+        if self.rule_files:
+            config["rule_files"] = self.rule_files
+        if self.alertmanager_urls:
+            hosts = [urllib.parse.urlparse(url).netloc for url in self.alertmanager_urls]
+            config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": hosts}]}]}
+        return config
+
+    def start(self, timeout: float = 60.0) -> PrometheusServer:
+        binary = find_binary("prometheus")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = self.port or free_port()
+        config_path = self.workdir / "prometheus.yml"
+        # JSON is YAML: no YAML library needed at run time.
+        config_path.write_text(json.dumps(self.config(), indent=1))
+        self.process = ManagedProcess(
+            [
+                binary,
+                f"--config.file={config_path}",
+                f"--storage.tsdb.path={self.workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--web.enable-lifecycle",
+                "--log.level=warn",
+                *self.extra_args,
+            ],
+            self.workdir / "prometheus.log",
+        )
+        self.process.start()
+        self._wait_ready(timeout)
+        return self
+
+    def _wait_ready(self, timeout: float) -> None:
+        def ready() -> bool:
+            if self.process is not None and not self.process.running():
+                raise DevstackError(f"prometheus exited:\n{self.process.log_tail()}")
+            return http_get(f"{self.url}/-/ready", timeout=2.0).startswith(b"Prometheus")
+
+        wait_until(ready, timeout, what=f"Prometheus ready on {self.url}")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+
+    def reload(self) -> None:
+        (self.workdir / "prometheus.yml").write_text(json.dumps(self.config(), indent=1))
+        request = urllib.request.Request(f"{self.url}/-/reload", method="POST")  # noqa: S310
+        with urllib.request.urlopen(request, timeout=10):  # noqa: S310
+            pass
+
+    def api(self, path: str, **params: str) -> Any:
+        query = urllib.parse.urlencode(params)
+        payload = http_json(f"{self.url}/api/v1/{path}?{query}", timeout=30.0)
+        if payload.get("status") != "success":
+            raise DevstackError(f"Prometheus API {path} failed: {payload}")
+        return payload["data"]
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        """Instant vector query; returns the result list."""
+        result: list[dict[str, Any]] = self.api("query", query=expr)["result"]
+        return result
+
+    def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        data = self.api("query_range", query=expr, start=str(start), end=str(end), step=str(step))
+        result: list[dict[str, Any]] = data["result"]
+        return result
+
+    def active_targets(self) -> list[dict[str, Any]]:
+        targets: list[dict[str, Any]] = self.api("targets", state="active")["activeTargets"]
+        return targets
+
+    def wait_for_targets_up(self, count: int, timeout: float = 60.0) -> list[dict[str, Any]]:
+        def up() -> list[dict[str, Any]] | None:
+            targets = self.active_targets()
+            healthy = [target for target in targets if target["health"] == "up"]
+            return healthy if len(healthy) >= count else None
+
+        return wait_until(up, timeout, interval=0.5, what=f"{count} scrape targets up")
+
+    def wait_for_series(
+        self, expr: str, count: int = 1, timeout: float = 60.0
+    ) -> list[dict[str, Any]]:
+        def present() -> list[dict[str, Any]] | None:
+            result = self.query(expr)
+            return result if len(result) >= count else None
+
+        return wait_until(present, timeout, interval=0.5, what=f"{count} series for {expr}")
+
+
+@dataclass
+class AlertmanagerServer:
+    workdir: Path
+    webhook_url: str | None = None
+    port: int | None = None
+    group_wait: str = "1s"
+    group_interval: str = "1s"
+    repeat_interval: str = "1h"
+    process: ManagedProcess | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def config(self) -> dict[str, Any]:
+        receiver: dict[str, Any] = {"name": "default"}
+        if self.webhook_url:
+            receiver["webhook_configs"] = [{"url": self.webhook_url, "send_resolved": False}]
+        return {
+            "route": {
+                "receiver": "default",
+                "group_by": ["alertname", "Hostname", "node", "training_job"],
+                "group_wait": self.group_wait,
+                "group_interval": self.group_interval,
+                "repeat_interval": self.repeat_interval,
+            },
+            "receivers": [receiver],
+        }
+
+    def start(self, timeout: float = 60.0) -> AlertmanagerServer:
+        binary = find_binary("prometheus-alertmanager")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = self.port or free_port()
+        config_path = self.workdir / "alertmanager.yml"
+        config_path.write_text(json.dumps(self.config(), indent=1))
+        self.process = ManagedProcess(
+            [
+                binary,
+                f"--config.file={config_path}",
+                f"--storage.path={self.workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--cluster.listen-address=",
+                "--log.level=warn",
+            ],
+            self.workdir / "alertmanager.log",
+        )
+        self.process.start()
+
+        def ready() -> bool:
+            if self.process is not None and not self.process.running():
+                raise DevstackError(f"alertmanager exited:\n{self.process.log_tail()}")
+            http_get(f"{self.url}/-/ready", timeout=2.0)
+            return True
+
+        wait_until(ready, timeout, what=f"Alertmanager ready on {self.url}")
+        return self
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+
+    def alerts(self) -> list[dict[str, Any]]:
+        alerts: list[dict[str, Any]] = http_json(f"{self.url}/api/v2/alerts")
+        return alerts

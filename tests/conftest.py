@@ -1,0 +1,150 @@
+"""Shared fixtures: fake NVML from recorded fixtures, real Prometheus / Alertmanager,
+an ASGI app served for real by uvicorn, and a webhook receiver for alerts."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+
+from gpufleet.devstack import AlertmanagerServer, PrometheusServer, free_port, wait_until
+from gpufleet.gpu.fake import FakeNvml, bundled_fixture
+
+
+@pytest.fixture
+def fixture_data() -> dict[str, Any]:
+    """The recorded 8x H100 node, fresh (tests may edit it)."""
+    return bundled_fixture()
+
+
+@pytest.fixture
+def fake_nvml(fixture_data: dict[str, Any]) -> FakeNvml:
+    return FakeNvml(fixture_data)
+
+
+@pytest.fixture
+def prometheus_factory(tmp_path: Path) -> Iterator[Callable[..., PrometheusServer]]:
+    """Start real Prometheus servers on 127.0.0.1; all are stopped by PID afterwards."""
+    servers: list[PrometheusServer] = []
+
+    def start(**kwargs: Any) -> PrometheusServer:
+        server = PrometheusServer(tmp_path / f"prometheus-{len(servers)}", **kwargs)
+        servers.append(server)
+        return server.start()
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def alertmanager_factory(tmp_path: Path) -> Iterator[Callable[..., AlertmanagerServer]]:
+    managers: list[AlertmanagerServer] = []
+
+    def start(**kwargs: Any) -> AlertmanagerServer:
+        manager = AlertmanagerServer(tmp_path / f"alertmanager-{len(managers)}", **kwargs)
+        managers.append(manager)
+        return manager.start()
+
+    yield start
+    for manager in managers:
+        manager.stop()
+
+
+class UvicornThread:
+    """Serves an ASGI app on 127.0.0.1 from a background thread, with its lifespan."""
+
+    def __init__(self, app: Any, port: int | None = None) -> None:
+        self.port = port or free_port()
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on"
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> UvicornThread:
+        self.thread.start()
+        wait_until(lambda: self.server.started, 20, what="uvicorn to start")
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@pytest.fixture
+def serve_asgi() -> Iterator[Callable[..., UvicornThread]]:
+    running: list[UvicornThread] = []
+
+    def serve(app: Any, port: int | None = None) -> UvicornThread:
+        server = UvicornThread(app, port).start()
+        running.append(server)
+        return server
+
+    yield serve
+    for server in running:
+        server.stop()
+
+
+class WebhookReceiver:
+    """Records every Alertmanager webhook notification it receives."""
+
+    def __init__(self) -> None:
+        self.notifications: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length", "0"))
+                body = json.loads(self.rfile.read(length) or b"{}")
+                with receiver._lock:
+                    receiver.notifications.append(body)
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.port = free_port()
+        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/alerts"
+
+    def alerts(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [alert for note in self.notifications for alert in note.get("alerts", [])]
+
+    def wait_for_alerts(
+        self, predicate: Callable[[list[dict[str, Any]]], bool], timeout: float = 60.0
+    ) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            alerts = self.alerts()
+            if predicate(alerts):
+                return alerts
+            time.sleep(0.25)
+        raise TimeoutError(f"alerts never matched; received: {self.alerts()}")
+
+
+@pytest.fixture
+def webhook_receiver() -> Iterator[WebhookReceiver]:
+    receiver = WebhookReceiver()
+    receiver.thread.start()
+    yield receiver
+    receiver.server.shutdown()
+    receiver.server.server_close()
