@@ -1,0 +1,1 @@
+"""GPU telemetry: NVML sampling into snapshots, rendered as DCGM-compatible metrics."""

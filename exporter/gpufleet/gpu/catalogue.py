@@ -1,0 +1,184 @@
+"""Every per-GPU metric the agent exports, with dcgm-exporter's names and units.
+
+Names, types and units follow dcgm-exporter (``etc/default-counters.csv`` and
+``dcp-metrics-included.csv``) so existing dashboards and rules keep working.
+What DCGM has no field for lives under the ``gpufleet_`` prefix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpufleet.exposition import MetricKind
+
+# dcgm-exporter's identifying label set, in its order.
+GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")
+
+
+@dataclass(frozen=True, slots=True)
+class GpuMetric:
+    name: str
+    kind: MetricKind
+    help: str
+
+
+def _g(name: str, help_text: str) -> GpuMetric:
+    return GpuMetric(name, "gauge", help_text)
+
+
+def _c(name: str, help_text: str) -> GpuMetric:
+    return GpuMetric(name, "counter", help_text)
+
+
+SM_CLOCK = _g("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).")
+MEM_CLOCK = _g("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).")
+GPU_TEMP = _g("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).")
+MEMORY_TEMP = _g("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (in C).")
+POWER_USAGE = _g("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).")
+TOTAL_ENERGY = _c(
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "Total energy consumption since boot (in mJ)."
+)
+GPU_UTIL = _g("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).")
+MEM_COPY_UTIL = _g("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).")
+FB_FREE = _g("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).")
+FB_USED = _g("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).")
+FB_RESERVED = _g("DCGM_FI_DEV_FB_RESERVED", "Framebuffer memory reserved (in MiB).")
+PCIE_REPLAY = _c("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "Total number of PCIe retries.")
+PCIE_TX = _g(
+    "DCGM_FI_PROF_PCIE_TX_BYTES",
+    "The rate of data transmitted over the PCIe bus, including protocol headers and "
+    "data payloads (in bytes per second, NVML's 20 ms sample).",
+)
+PCIE_RX = _g(
+    "DCGM_FI_PROF_PCIE_RX_BYTES",
+    "The rate of data received over the PCIe bus, including protocol headers and "
+    "data payloads (in bytes per second, NVML's 20 ms sample).",
+)
+ECC_SBE_VOL = _c("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "Total number of single-bit volatile ECC errors.")
+ECC_DBE_VOL = _c("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "Total number of double-bit volatile ECC errors.")
+ECC_SBE_AGG = _c(
+    "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", "Total number of single-bit persistent ECC errors."
+)
+ECC_DBE_AGG = _c(
+    "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", "Total number of double-bit persistent ECC errors."
+)
+RETIRED_SBE = _c(
+    "DCGM_FI_DEV_RETIRED_SBE", "Total number of retired pages due to single-bit errors."
+)
+RETIRED_DBE = _c(
+    "DCGM_FI_DEV_RETIRED_DBE", "Total number of retired pages due to double-bit errors."
+)
+RETIRED_PENDING = _g(
+    "DCGM_FI_DEV_RETIRED_PENDING", "Whether pages are pending retirement (1) or not (0)."
+)
+CORRECTABLE_REMAPPED_ROWS = _c(
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "Number of remapped rows for correctable errors."
+)
+UNCORRECTABLE_REMAPPED_ROWS = _c(
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "Number of remapped rows for uncorrectable errors."
+)
+ROW_REMAP_FAILURE = _g("DCGM_FI_DEV_ROW_REMAP_FAILURE", "Whether remapping of rows has failed.")
+ROW_REMAP_PENDING = _g(
+    "DCGM_FI_DEV_ROW_REMAP_PENDING",
+    "Whether a row remap is pending (the GPU must be reset for it to take effect).",
+)
+NVLINK_CRC_FLIT = _c(
+    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+    "Total number of NVLink flow-control CRC errors.",
+)
+NVLINK_CRC_DATA = _c(
+    "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", "Total number of NVLink data CRC errors."
+)
+NVLINK_REPLAY = _c("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "Total number of NVLink retries.")
+NVLINK_RECOVERY = _c(
+    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "Total number of NVLink recovery errors."
+)
+NVLINK_BANDWIDTH = _c(
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+    "Total NVLink traffic over all links, TX plus RX including protocol overhead (in KiB).",
+)
+CLOCK_THROTTLE_REASONS = _g(
+    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
+    "Current clock throttle reasons (bitmask of nvmlClocksEventReason* values).",
+)
+POWER_VIOLATION = _c(
+    "DCGM_FI_DEV_POWER_VIOLATION", "Throttling duration due to power constraints (in us)."
+)
+THERMAL_VIOLATION = _c(
+    "DCGM_FI_DEV_THERMAL_VIOLATION", "Throttling duration due to thermal constraints (in us)."
+)
+SM_ACTIVE = _g(
+    "DCGM_FI_PROF_SM_ACTIVE", "The ratio of cycles an SM has at least 1 warp assigned (NVML GPM)."
+)
+SM_OCCUPANCY = _g(
+    "DCGM_FI_PROF_SM_OCCUPANCY", "The ratio of number of warps resident on an SM (NVML GPM)."
+)
+PIPE_TENSOR_ACTIVE = _g(
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "Ratio of cycles any tensor pipe is active (NVML GPM)."
+)
+DRAM_ACTIVE = _g(
+    "DCGM_FI_PROF_DRAM_ACTIVE",
+    "Ratio of cycles the device memory interface is active sending or receiving data (NVML GPM).",
+)
+RECOVERY_ACTION = _g(
+    "gpufleet_gpu_recovery_action",
+    "NVML's recommended recovery action: 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, "
+    "4 drain and reset, 5 recover IMEX domain, 6 bus reset, 7 system reboot.",
+)
+
+# Order of appearance in /metrics.
+VALUE_METRICS: tuple[GpuMetric, ...] = (
+    SM_CLOCK,
+    MEM_CLOCK,
+    GPU_TEMP,
+    MEMORY_TEMP,
+    POWER_USAGE,
+    TOTAL_ENERGY,
+    GPU_UTIL,
+    MEM_COPY_UTIL,
+    FB_FREE,
+    FB_USED,
+    FB_RESERVED,
+    PCIE_REPLAY,
+    PCIE_TX,
+    PCIE_RX,
+    ECC_SBE_VOL,
+    ECC_DBE_VOL,
+    ECC_SBE_AGG,
+    ECC_DBE_AGG,
+    RETIRED_SBE,
+    RETIRED_DBE,
+    RETIRED_PENDING,
+    CORRECTABLE_REMAPPED_ROWS,
+    UNCORRECTABLE_REMAPPED_ROWS,
+    ROW_REMAP_FAILURE,
+    ROW_REMAP_PENDING,
+    NVLINK_CRC_FLIT,
+    NVLINK_CRC_DATA,
+    NVLINK_REPLAY,
+    NVLINK_RECOVERY,
+    NVLINK_BANDWIDTH,
+    CLOCK_THROTTLE_REASONS,
+    POWER_VIOLATION,
+    THERMAL_VIOLATION,
+    SM_ACTIVE,
+    SM_OCCUPANCY,
+    PIPE_TENSOR_ACTIVE,
+    DRAM_ACTIVE,
+    RECOVERY_ACTION,
+)
+
+# One flag per clock-event (throttle) reason: reason label -> NVML bit.
+THROTTLE_REASON_BITS: tuple[tuple[str, int], ...] = (
+    ("gpu_idle", 0x1),
+    ("applications_clocks_setting", 0x2),
+    ("sw_power_cap", 0x4),
+    ("hw_slowdown", 0x8),
+    ("sync_boost", 0x10),
+    ("sw_thermal_slowdown", 0x20),
+    ("hw_thermal_slowdown", 0x40),
+    ("hw_power_brake_slowdown", 0x80),
+    ("display_clock_setting", 0x100),
+)
+
+XID_LAST = _g("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.")

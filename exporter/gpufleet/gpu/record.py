@@ -1,0 +1,175 @@
+"""Records what real NVML answers into a fixture that FakeNvml replays.
+
+``RecordingNvml`` wraps the pynvml module: every call the reader makes passes
+through to NVML and its result (or error) is stored under the call's name and
+arguments, in the format ``gpufleet.gpu.fake`` documents. Running the reader
+through it therefore records exactly the calls the agent makes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import socket
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import pynvml
+
+from gpufleet.gpu.fake import FIXTURE_FORMAT
+from gpufleet.gpu.reader import NvmlApi, handle_key
+
+
+def _error_name(code: int) -> str:
+    for name in dir(pynvml):
+        if name.startswith("NVML_ERROR_") and getattr(pynvml, name) == code:
+            return name
+    return f"NVML_ERROR_{code}"
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return value
+
+
+def _struct_fields(value: Any, names: tuple[str, ...]) -> dict[str, Any]:
+    return {name: _plain(getattr(value, name)) for name in names}
+
+
+_STRUCT_FIELDS: dict[str, tuple[str, ...]] = {
+    "nvmlDeviceGetPciInfo": ("busId", "domain", "bus", "device", "pciDeviceId", "pciSubSystemId"),
+    "nvmlDeviceGetUtilizationRates": ("gpu", "memory"),
+    "nvmlDeviceGetMemoryInfo": ("total", "free", "used"),
+    "nvmlDeviceGetMemoryInfo_v2": ("total", "reserved", "free", "used"),
+    "nvmlDeviceGetViolationStatus": ("referenceTime", "violationTime"),
+    "nvmlGpmQueryDeviceSupport": ("isSupportedDevice",),
+}
+_VALUE_ATTRS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
+
+
+class RecordingNvml:
+    def __init__(self, nvml: NvmlApi) -> None:
+        self._nvml = nvml
+        self.system: dict[str, Any] = {}
+        self.devices: dict[int, dict[str, Any]] = {}
+        self._index_by_handle: dict[Any, int] = {}
+        self._gpm_sample_device: dict[int, int] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        target = getattr(self._nvml, name)
+        if not (callable(target) and name.startswith("nvml")):
+            return target
+        return self._wrap(name, target)
+
+    def _wrap(self, name: str, target: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                result = target(*args, **kwargs)
+            except self._nvml.NVMLError as error:
+                self._store(name, args, kwargs, None, _error_name(error.value))
+                raise
+            self._store(name, args, kwargs, result, None)
+            return result
+
+        return call
+
+    def fixture(self, note: str = "") -> dict[str, Any]:
+        when = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        source = f"recorded by gpufleet nvml-record on {socket.gethostname()} at {when}"
+        return {
+            "format": FIXTURE_FORMAT,
+            "source": f"{source}. {note}".strip(),
+            "system": self.system,
+            "devices": [self.devices[index] for index in sorted(self.devices)],
+        }
+
+    def _device_index(self, handle: Any) -> int | None:
+        try:
+            return self._index_by_handle.get(handle_key(handle))
+        except TypeError:
+            return None
+
+    def _store(
+        self,
+        name: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        result: Any,
+        error: str | None,
+    ) -> None:
+        if name == "nvmlDeviceGetHandleByIndex" and error is None:
+            self._index_by_handle[handle_key(result)] = int(args[0])
+            self.devices.setdefault(int(args[0]), {})
+            return
+        if name.startswith("nvmlSystem"):
+            self.system[name] = {"nvml_error": error} if error else _plain(result)
+            return
+        if name == "nvmlGpmMetricsGet":
+            self._store_gpm(args[0], error)
+            return
+        index = self._device_index(args[0]) if args else None
+        if index is None:
+            return
+        device = self.devices[index]
+        if name == "nvmlGpmSampleGet" and error is None:
+            pointer = ctypes.cast(args[1], ctypes.c_void_p).value or 0
+            self._gpm_sample_device[int(pointer)] = index
+            return
+        if name == "nvmlDeviceGetFieldValues":
+            self._store_fields(device, args[1], result, error)
+            return
+        version = kwargs.get("version") or (
+            args[1] if name == "nvmlDeviceGetMemoryInfo" and len(args) > 1 else None
+        )
+        if name == "nvmlDeviceGetMemoryInfo" and version:
+            name, args = "nvmlDeviceGetMemoryInfo_v2", args[:1]
+        value: Any
+        if error:
+            value = {"nvml_error": error}
+        elif name in _STRUCT_FIELDS:
+            value = _struct_fields(result, _STRUCT_FIELDS[name])
+        elif name == "nvmlDeviceGetRemappedRows":
+            value = dict(
+                zip(("correctable", "uncorrectable", "pending", "failure"), result, strict=True)
+            )
+        elif name == "nvmlDeviceGetRetiredPages":
+            value = len(result)
+        elif name == "nvmlDeviceRegisterEvents":
+            return
+        else:
+            value = _plain(result)
+        extra = args[1:]
+        if extra:
+            entry = device.setdefault(name, {})
+            entry[",".join(str(arg) for arg in extra)] = value
+        else:
+            device[name] = value
+
+    def _store_fields(
+        self, device: dict[str, Any], requested: list[Any], result: Any, error: str | None
+    ) -> None:
+        entry = device.setdefault("nvmlDeviceGetFieldValues", {})
+        for slot, field in enumerate(requested):
+            key = f"{field[0]}@{field[1]}" if isinstance(field, tuple) else str(field)
+            if error:
+                entry[key] = {"nvml_error": error}
+                continue
+            value = result[slot]
+            if int(value.nvmlReturn) != 0:
+                entry[key] = {"nvml_error": _error_name(int(value.nvmlReturn))}
+                continue
+            value_type = int(value.valueType)
+            raw = getattr(value.value, _VALUE_ATTRS[value_type] if value_type < 7 else "ullVal")
+            entry[key] = {"type": value_type, "value": raw}
+
+    def _store_gpm(self, request: Any, error: str | None) -> None:
+        pointer = ctypes.cast(request.sample2, ctypes.c_void_p).value or 0
+        index = self._gpm_sample_device.get(int(pointer))
+        if index is None or error:
+            return
+        recorded = self.devices[index].setdefault("nvmlGpmMetricsGet", {})
+        for slot in range(request.numMetrics):
+            metric = request.metrics[slot]
+            if int(metric.nvmlReturn) == 0:
+                recorded[str(metric.metricId)] = float(metric.value)

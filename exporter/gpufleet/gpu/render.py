@@ -1,0 +1,150 @@
+"""Turns a GPU snapshot (and the XID ledger) into exposition families, once per change."""
+
+from __future__ import annotations
+
+from gpufleet.exposition import (
+    EMPTY_PART,
+    Family,
+    PrecompressedPart,
+    escape_label_value,
+    format_labels,
+    render,
+)
+from gpufleet.gpu import catalogue as cat
+from gpufleet.gpu.sampler import GpuSampler
+from gpufleet.gpu.snapshot import GpuSnapshot
+from gpufleet.gpu.xid import XidLedger, XidView
+
+
+def gpu_families(
+    snapshot: GpuSnapshot, xids: XidView | None = None, stale: bool = False
+) -> list[Family]:
+    """Families for one snapshot. A stale snapshot yields no values, only that GPUs are down."""
+    families: list[Family] = []
+    hostname = snapshot.gpus[0].identity.hostname if snapshot.gpus else ""
+    host_labels = format_labels((("Hostname", hostname),))
+    labels_by_index = {
+        reading.identity.index: reading.identity.labels() for reading in snapshot.gpus
+    }
+
+    if not stale:
+        for metric in cat.VALUE_METRICS:
+            family = Family(metric.name, metric.kind, metric.help)
+            for reading in snapshot.gpus:
+                if reading.up and metric.name in reading.values:
+                    family.add(labels_by_index[reading.identity.index], reading.values[metric.name])
+            families.append(family)
+
+        throttle = Family(
+            "gpufleet_gpu_clock_throttle_active",
+            "gauge",
+            "1 while the GPU's clocks are held down for this reason (one series per reason).",
+        )
+        for reading in snapshot.gpus:
+            if not reading.up or reading.clock_event_reasons is None:
+                continue
+            base = labels_by_index[reading.identity.index]
+            for reason, bit in cat.THROTTLE_REASON_BITS:
+                active = 1.0 if reading.clock_event_reasons & bit else 0.0
+                throttle.add(f'{base},reason="{reason}"', active)
+        families.append(throttle)
+
+    up = Family(
+        "gpufleet_gpu_up",
+        "gauge",
+        "1 if NVML answers for this GPU; 0 if it is lost, unreachable or NVML is hung.",
+    )
+    for reading in snapshot.gpus:
+        up.add(labels_by_index[reading.identity.index], 1.0 if reading.up and not stale else 0.0)
+    families.append(up)
+
+    info = Family(
+        "gpufleet_gpu_info",
+        "gauge",
+        "Descriptive facts about each GPU, as labels; the value is always 1.",
+    )
+    driver = escape_label_value(snapshot.driver_version)
+    cuda = escape_label_value(snapshot.cuda_driver_version)
+    for reading in snapshot.gpus:
+        info.add(
+            f'{labels_by_index[reading.identity.index]},driver_version="{driver}",'
+            f'cuda_driver_version="{cuda}"',
+            1.0,
+        )
+    families.append(info)
+
+    expected = Family(
+        "gpufleet_gpus_expected",
+        "gauge",
+        "GPUs this node should have: the configured count, or as many as were first seen.",
+    )
+    expected.add(host_labels, float(snapshot.gpus_expected))
+    families.append(expected)
+    seen = Family("gpufleet_gpus_seen", "gauge", "GPUs NVML currently answers for.")
+    seen.add(host_labels, 0.0 if stale else float(snapshot.gpus_seen))
+    families.append(seen)
+
+    unsupported = Family(
+        "gpufleet_gpu_fields_unsupported",
+        "gauge",
+        "Number of GPUs on which NVML reports this field unsupported; it is omitted for them.",
+    )
+    for name in sorted(snapshot.unsupported):
+        unsupported.add(f'{host_labels},field="{name}"', float(snapshot.unsupported[name]))
+    families.append(unsupported)
+
+    if xids is not None:
+        families.extend(_xid_families(snapshot, xids, labels_by_index, stale))
+    return families
+
+
+def _xid_families(
+    snapshot: GpuSnapshot, xids: XidView, labels_by_index: dict[int, str], stale: bool
+) -> list[Family]:
+    last = Family(cat.XID_LAST.name, cat.XID_LAST.kind, cat.XID_LAST.help)
+    total = Family(
+        "gpufleet_gpu_xid_errors_total",
+        "counter",
+        "XID errors reported by the driver, per XID code (from NVML's event stream).",
+    )
+    when = Family(
+        "gpufleet_gpu_last_xid_timestamp_seconds",
+        "gauge",
+        "Unix time of the last XID error on this GPU.",
+    )
+    for reading in snapshot.gpus:
+        labels = labels_by_index[reading.identity.index]
+        history = xids.by_uuid.get(reading.identity.uuid)
+        if xids.watching and reading.up and not stale:
+            last.add(labels, float(history.last_xid if history else 0))
+        if history is None:
+            continue
+        for code in sorted(history.counts):
+            total.add(f'{labels},xid="{code}"', float(history.counts[code]))
+        when.add(labels, history.last_seen)
+    return [last, total, when]
+
+
+class GpuExpositionCache:
+    """Renders the GPU part of /metrics only when the snapshot, XIDs or staleness change."""
+
+    def __init__(self, sampler: GpuSampler, ledger: XidLedger | None) -> None:
+        self._sampler = sampler
+        self._ledger = ledger
+        self._key: tuple[int, int, bool] | None = None
+        self._part = EMPTY_PART
+        self.renders = 0
+
+    def part(self) -> PrecompressedPart:
+        status = self._sampler.status()
+        snapshot = status.snapshot
+        if snapshot is None:
+            return EMPTY_PART
+        version = self._ledger.version if self._ledger is not None else -1
+        key = (snapshot.seq, version, status.stale)
+        if key != self._key:
+            xids = self._ledger.view() if self._ledger is not None else None
+            self._part = PrecompressedPart.of(render(gpu_families(snapshot, xids, status.stale)))
+            self._key = key
+            self.renders += 1
+        return self._part

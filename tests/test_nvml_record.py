@@ -1,0 +1,42 @@
+"""Recording NVML into a fixture and replaying it gives the same readings."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from gpufleet.gpu.fake import FakeNvml, load_fixture
+from gpufleet.gpu.reader import NvmlReader
+from gpufleet.gpu.record import RecordingNvml
+
+
+def read_twice(nvml: Any) -> Any:
+    reader = NvmlReader(nvml, "node-a")
+    reader.open()
+    reader.read()
+    snapshot = reader.read()
+    reader.close()
+    return snapshot
+
+
+def test_record_then_replay_reproduces_every_reading(fake_nvml: FakeNvml, tmp_path: Path) -> None:
+    recorder = RecordingNvml(fake_nvml)
+    original = read_twice(recorder)
+    path = tmp_path / "recorded.json"
+    path.write_text(json.dumps(recorder.fixture()))
+    replayed = read_twice(FakeNvml(load_fixture(path)))
+    assert replayed.driver_version == original.driver_version
+    assert replayed.unsupported == original.unsupported
+    for before, after in zip(original.gpus, replayed.gpus, strict=True):
+        assert after.identity == before.identity
+        assert after.values == before.values
+        assert after.clock_event_reasons == before.clock_event_reasons
+
+
+def test_recorded_errors_are_kept_by_name(fake_nvml: FakeNvml) -> None:
+    recorder = RecordingNvml(fake_nvml)
+    read_twice(recorder)
+    device = recorder.fixture()["devices"][0]
+    assert device["nvmlDeviceGetRetiredPages"]["0"] == {"nvml_error": "NVML_ERROR_NOT_SUPPORTED"}
+    assert device["nvmlDeviceGetFieldValues"]["140@17"]["type"] == 3
