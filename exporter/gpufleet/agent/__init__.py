@@ -1,0 +1,1 @@
+"""The per-node agent: GPU telemetry and the training-metrics ingest API."""

@@ -1,0 +1,198 @@
+"""The agent: owns the GPU sampler, the XID watcher and the registry; serves HTTP."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import CollectorRegistry
+
+from gpufleet import __version__
+from gpufleet.agent.metrics_endpoint import MetricsEndpoint, Receive, Scope, Send
+from gpufleet.agent.selfmetrics import AgentSelfCollector, ScrapeStats
+from gpufleet.gpu.reader import CallErrors, NvmlApi, NvmlReader
+from gpufleet.gpu.render import GpuExpositionCache
+from gpufleet.gpu.sampler import GpuSampler
+from gpufleet.gpu.xid import XidLedger, XidWatcher
+
+log = logging.getLogger(__name__)
+
+GpuSource = Literal["nvml", "synthetic", "none"]
+DEFAULT_PORT = 9405  # dcgm-exporter owns 9400; the agent runs beside it
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSettings:
+    node: str
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    gpu_source: GpuSource = "nvml"
+    gpu_interval: float = 5.0
+    expected_gpus: int | None = None
+    stale_after: float | None = None
+    nvml_call_timeout: float | None = None
+
+
+class Agent:
+    """Everything one node runs. ``open()`` may raise NvmlUnavailable; nothing else does."""
+
+    def __init__(self, settings: AgentSettings, nvml: NvmlApi | None = None) -> None:
+        self.settings = settings
+        self._nvml_override = nvml
+        self.errors = CallErrors()
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.scrapes = ScrapeStats()
+        self.reader: NvmlReader | None = None
+        self.sampler: GpuSampler | None = None
+        self.xids: XidLedger | None = None
+        self._watcher: XidWatcher | None = None
+        self._cache: GpuExpositionCache | None = None
+        self._started = False
+
+    def _nvml(self) -> NvmlApi:
+        if self._nvml_override is not None:
+            return self._nvml_override
+        if self.settings.gpu_source == "synthetic":
+            from gpufleet.gpu.synthetic import SyntheticNvml
+
+            return SyntheticNvml(gpus=self.settings.expected_gpus or 8)
+        import pynvml
+
+        return pynvml
+
+    def open(self) -> None:
+        settings = self.settings
+        if settings.gpu_source != "none":
+            nvml = self._nvml()
+            reader = NvmlReader(nvml, settings.node, settings.expected_gpus, self.errors)
+            reader.open()
+            self.reader = reader
+            self.sampler = GpuSampler(
+                reader,
+                interval=settings.gpu_interval,
+                stale_after=settings.stale_after,
+                call_timeout=settings.nvml_call_timeout,
+            )
+            self.xids = XidLedger()
+            self._watcher = XidWatcher(nvml, reader.handles, self.xids, self.errors)
+            self._cache = GpuExpositionCache(self.sampler, self.xids)
+        self.registry.register(
+            AgentSelfCollector(
+                settings.node, settings.gpu_source, self.errors, self.sampler, self.scrapes
+            )
+        )
+
+    def start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        if self.sampler is not None:
+            self.sampler.start()
+        if self._watcher is not None:
+            self._watcher.start()
+        log.info(
+            "gpufleet agent %s on node %s, GPU source %s",
+            __version__,
+            self.settings.node,
+            self.settings.gpu_source,
+        )
+
+    def stop(self) -> None:
+        if not self._started:
+            return
+        self._started = False
+        if self._watcher is not None:
+            self._watcher.stop()
+        if self.sampler is not None:
+            self.sampler.stop()
+        if self.reader is not None:
+            self.reader.close()
+
+    @property
+    def ready(self) -> bool:
+        return self.sampler is None or self.sampler.snapshot is not None
+
+    def metrics_endpoint(self) -> MetricsEndpoint:
+        cached = self._cache.part if self._cache is not None else None
+        return MetricsEndpoint(self.registry, self.scrapes, cached)
+
+    def api(self) -> FastAPI:
+        agent = self
+
+        @asynccontextmanager
+        async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+            agent.start()
+            try:
+                yield
+            finally:
+                agent.stop()
+
+        api = FastAPI(
+            title="gpufleet agent",
+            version=__version__,
+            lifespan=lifespan,
+            docs_url="/docs",
+            redoc_url=None,
+        )
+
+        @api.get("/", response_class=PlainTextResponse, include_in_schema=False)
+        def index() -> str:
+            return (
+                f"gpufleet agent {__version__} on node {agent.settings.node}\n"
+                "/metrics   Prometheus metrics (DCGM-compatible GPU series, gpufleet_*)\n"
+                "/healthz   liveness\n"
+                "/readyz    readiness (first GPU snapshot taken)\n"
+                "/docs      the ingest API\n"
+            )
+
+        @api.get("/healthz")
+        def healthz() -> dict[str, str]:
+            return {"status": "ok"}
+
+        @api.get("/readyz", response_model=None)
+        def readyz() -> dict[str, str] | JSONResponse:
+            if agent.ready:
+                return {"status": "ready"}
+            return JSONResponse({"status": "waiting for the first GPU snapshot"}, status_code=503)
+
+        return api
+
+    def asgi(self) -> AgentAsgi:
+        return AgentAsgi(self.metrics_endpoint(), self.api())
+
+
+class AgentAsgi:
+    """Routes /metrics straight to the raw endpoint, everything else to FastAPI."""
+
+    def __init__(self, metrics: MetricsEndpoint, api: FastAPI) -> None:
+        self.metrics = metrics
+        self.api = api
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == "/metrics":
+            await self.metrics(scope, receive, send)
+            return
+        await self.api(scope, receive, send)
+
+
+def serve(app: Any, host: str, port: int, log_level: str = "info") -> None:
+    """Run an ASGI app under uvicorn until SIGINT/SIGTERM."""
+    import uvicorn
+
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        access_log=False,
+        http="httptools",
+        loop="asyncio",
+        lifespan="on",
+        timeout_graceful_shutdown=5,
+    )
+    uvicorn.Server(config).run()

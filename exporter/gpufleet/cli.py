@@ -1,0 +1,287 @@
+"""The ``gpufleet`` command.
+
+Every flag of a long-running service can also be set from a ``GPUFLEET_*``
+environment variable (the Helm chart and compose file set those); a flag on the
+command line wins over the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from gpufleet import __version__
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class ConfigError(Exception):
+    """A flag or environment value is unusable; the message names it and what is accepted."""
+
+
+def _env(name: str) -> str | None:
+    value = os.environ.get(name)
+    return value if value not in (None, "") else None
+
+
+def _listen(text: str) -> tuple[str, int]:
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(f"{text!r} is not HOST:PORT (for example 0.0.0.0:9405)")
+    return host.strip("[]") or "0.0.0.0", int(port_text)  # noqa: S104 - a node agent serves the node
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value <= 3600:
+        raise ValueError(f"{text!r} must be between 0 and 3600 seconds")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) <= 0:
+        raise ValueError(f"{text!r} is not a positive whole number")
+    return int(text)
+
+
+def _choice(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise ValueError(f"{text!r} is not one of: {', '.join(choices)}")
+        return text
+
+    return parse
+
+
+class _Option:
+    """A flag with an environment fallback and a parser whose errors name both."""
+
+    def __init__(
+        self,
+        flag: str,
+        env: str,
+        parse: Callable[[str], Any],
+        default: str | None,
+        help_text: str,
+    ) -> None:
+        self.flag = flag
+        self.env = env
+        self.parse = parse
+        self.default = default
+        self.help = help_text
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+    def add_to(self, parser: argparse.ArgumentParser) -> None:
+        shown = f" (default: {self.default})" if self.default is not None else ""
+        parser.add_argument(self.flag, dest=self.dest, help=f"{self.help}{shown} [env {self.env}]")
+
+    def resolve(self, namespace: argparse.Namespace) -> Any:
+        raw: str | None = getattr(namespace, self.dest)
+        origin = self.flag
+        if raw is None:
+            raw, origin = _env(self.env), self.env
+        if raw is None:
+            raw, origin = self.default, f"default of {self.flag}"
+        if raw is None:
+            return None
+        try:
+            return self.parse(raw)
+        except ValueError as error:
+            raise ConfigError(f"{origin}: {error}") from None
+
+
+AGENT_OPTIONS = (
+    _Option("--listen", "GPUFLEET_LISTEN", _listen, "0.0.0.0:9405", "HOST:PORT to serve on"),
+    _Option(
+        "--gpu-source",
+        "GPUFLEET_GPU_SOURCE",
+        _choice("nvml", "synthetic", "none"),
+        "nvml",
+        "where GPU metrics come from: nvml (the driver), synthetic (demo data for 8 H100s) "
+        "or none (training-metrics ingest only)",
+    ),
+    _Option(
+        "--gpu-interval",
+        "GPUFLEET_GPU_INTERVAL",
+        _positive_seconds,
+        "5",
+        "seconds between NVML collection cycles",
+    ),
+    _Option(
+        "--node",
+        "GPUFLEET_NODE",
+        str,
+        None,
+        "node name on every series (default: $NODE_NAME, else the hostname)",
+    ),
+    _Option(
+        "--expected-gpus",
+        "GPUFLEET_EXPECTED_GPUS",
+        _positive_int,
+        None,
+        "GPUs this node should have; fewer seen is reported (default: as many as first seen)",
+    ),
+    _Option(
+        "--nvml-call-timeout",
+        "GPUFLEET_NVML_CALL_TIMEOUT",
+        _positive_seconds,
+        None,
+        "seconds after which an NVML call that has not returned counts as hung "
+        "(default: the GPU interval, at least 5)",
+    ),
+    _Option(
+        "--gpu-stale-after",
+        "GPUFLEET_GPU_STALE_AFTER",
+        _positive_seconds,
+        None,
+        "seconds after which a snapshot is too old to serve (default: 3 intervals, at least 15)",
+    ),
+    _Option(
+        "--log-level",
+        "GPUFLEET_LOG_LEVEL",
+        _choice("debug", "info", "warning", "error"),
+        "info",
+        "log level",
+    ),
+)
+
+
+def node_name(explicit: str | None) -> str:
+    """The node identity: --node / GPUFLEET_NODE, else NODE_NAME (downward API), else hostname."""
+    return explicit or _env("NODE_NAME") or socket.gethostname()
+
+
+def _run_agent(namespace: argparse.Namespace) -> int:
+    from gpufleet.agent.app import Agent, AgentSettings, serve
+    from gpufleet.gpu.reader import NvmlUnavailable
+
+    values = {option.dest: option.resolve(namespace) for option in AGENT_OPTIONS}
+    logging.basicConfig(level=values["log_level"].upper(), format=LOG_FORMAT)
+    host, port = values["listen"]
+    settings = AgentSettings(
+        node=node_name(values["node"]),
+        host=host,
+        port=port,
+        gpu_source=values["gpu_source"],
+        gpu_interval=values["gpu_interval"],
+        expected_gpus=values["expected_gpus"],
+        stale_after=values["gpu_stale_after"],
+        nvml_call_timeout=values["nvml_call_timeout"],
+    )
+    agent = Agent(settings)
+    try:
+        agent.open()
+    except NvmlUnavailable as error:
+        print(
+            f"gpufleet agent: {error}. On a machine without NVIDIA GPUs use "
+            "--gpu-source none (training-metrics ingest only) or --gpu-source synthetic (demo).",
+            file=sys.stderr,
+        )
+        return 1
+    serve(agent.asgi(), host, port, values["log_level"])
+    return 0
+
+
+def _run_nvml_record(namespace: argparse.Namespace) -> int:
+    import json
+    import time
+
+    import pynvml
+
+    from gpufleet.exposition import render
+    from gpufleet.gpu.reader import NvmlReader, NvmlUnavailable
+    from gpufleet.gpu.record import RecordingNvml
+    from gpufleet.gpu.render import gpu_families
+
+    recorder = RecordingNvml(pynvml)
+    reader = NvmlReader(recorder, node_name(namespace.node))
+    try:
+        reader.open()
+    except NvmlUnavailable as error:
+        print(f"gpufleet nvml-record: {error}", file=sys.stderr)
+        return 1
+    reader.read()
+    time.sleep(1.0)  # GPM metrics are rates between two samples
+    snapshot = reader.read()
+    reader.close()
+    with open(namespace.out, "w", encoding="utf-8") as handle:
+        json.dump(recorder.fixture(), handle, indent=1)
+        handle.write("\n")
+    if namespace.metrics_out:
+        with open(namespace.metrics_out, "wb") as handle:
+            handle.write(render(gpu_families(snapshot)))
+    print(
+        f"recorded {len(snapshot.gpus)} GPUs into {namespace.out}; "
+        f"errors: {reader.errors.snapshot() or 'none'}; unsupported: {snapshot.unsupported}"
+    )
+    return 0
+
+
+def _run_demo(namespace: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from gpufleet.demo import run_demo
+
+    return run_demo(Path(namespace.workdir))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpufleet",
+        description="Observability for large GPU training clusters.",
+    )
+    parser.add_argument("--version", action="version", version=f"gpufleet {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    agent = commands.add_parser(
+        "agent",
+        help="run the per-node agent (GPU metrics and training-metrics ingest)",
+        description="Serve DCGM-compatible GPU metrics and the training-metrics ingest API.",
+    )
+    for option in AGENT_OPTIONS:
+        option.add_to(agent)
+    agent.set_defaults(run=_run_agent)
+
+    record = commands.add_parser(
+        "nvml-record",
+        help="record this machine's NVML answers as a test fixture",
+        description="Run one collection through real NVML and save every answer as a fixture "
+        "that the tests' fake NVML replays.",
+    )
+    record.add_argument("--out", required=True, help="fixture JSON to write")
+    record.add_argument("--metrics-out", help="also write the GPU part of /metrics here")
+    record.add_argument("--node", help="node name for the labels (default: hostname)")
+    record.set_defaults(run=_run_nvml_record)
+
+    demo = commands.add_parser(
+        "demo",
+        help="run a local demo stack (agent, Prometheus, Alertmanager) until Ctrl-C",
+        description="Start the agent on synthetic GPUs, a real Prometheus and Alertmanager on "
+        "127.0.0.1, and print their URLs.",
+    )
+    demo.add_argument("--workdir", default=".demo", help="where logs and data go")
+    demo.set_defaults(run=_run_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    namespace = parser.parse_args(argv)
+    run: Callable[[argparse.Namespace], int] = namespace.run
+    try:
+        return run(namespace)
+    except ConfigError as error:
+        parser.exit(2, f"gpufleet {namespace.command}: {error}\n")
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,139 @@
+"""The gpufleet command: flags, environment fallbacks, clear failures."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+import pytest
+
+from gpufleet.cli import AGENT_OPTIONS, ConfigError, build_parser, node_name
+
+
+def resolve(argv: list[str], monkeypatch: pytest.MonkeyPatch, **env: str) -> dict[str, object]:
+    for option in AGENT_OPTIONS:
+        monkeypatch.delenv(option.env, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    namespace = build_parser().parse_args(["agent", *argv])
+    return {option.dest: option.resolve(namespace) for option in AGENT_OPTIONS}
+
+
+def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    values = resolve([], monkeypatch)
+    assert values["listen"] == ("0.0.0.0", 9405)
+    assert values["gpu_source"] == "nvml"
+    assert values["gpu_interval"] == 5.0
+    assert values["node"] is None
+
+
+def test_every_flag_has_an_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    values = resolve(
+        [],
+        monkeypatch,
+        GPUFLEET_LISTEN="127.0.0.1:9999",
+        GPUFLEET_GPU_SOURCE="synthetic",
+        GPUFLEET_GPU_INTERVAL="2.5",
+        GPUFLEET_NODE="gpu-node-17",
+        GPUFLEET_EXPECTED_GPUS="8",
+        GPUFLEET_NVML_CALL_TIMEOUT="7",
+        GPUFLEET_GPU_STALE_AFTER="30",
+        GPUFLEET_LOG_LEVEL="debug",
+    )
+    assert values == {
+        "listen": ("127.0.0.1", 9999),
+        "gpu_source": "synthetic",
+        "gpu_interval": 2.5,
+        "node": "gpu-node-17",
+        "expected_gpus": 8,
+        "nvml_call_timeout": 7.0,
+        "gpu_stale_after": 30.0,
+        "log_level": "debug",
+    }
+    assert {option.env for option in AGENT_OPTIONS} == {
+        "GPUFLEET_LISTEN",
+        "GPUFLEET_GPU_SOURCE",
+        "GPUFLEET_GPU_INTERVAL",
+        "GPUFLEET_NODE",
+        "GPUFLEET_EXPECTED_GPUS",
+        "GPUFLEET_NVML_CALL_TIMEOUT",
+        "GPUFLEET_GPU_STALE_AFTER",
+        "GPUFLEET_LOG_LEVEL",
+    }
+
+
+def test_a_flag_wins_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    values = resolve(["--gpu-interval", "1"], monkeypatch, GPUFLEET_GPU_INTERVAL="9")
+    assert values["gpu_interval"] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        ([], {"GPUFLEET_GPU_INTERVAL": "fast"}, "GPUFLEET_GPU_INTERVAL: 'fast' is not a number"),
+        (["--listen", "9405"], {}, "--listen: '9405' is not HOST:PORT"),
+        (["--gpu-source", "dcgm"], {}, "--gpu-source: 'dcgm' is not one of: nvml, synthetic"),
+        (["--expected-gpus", "-1"], {}, "--expected-gpus: '-1' is not a positive whole number"),
+        (["--gpu-interval", "0"], {}, "--gpu-interval: '0' must be between 0 and 3600"),
+    ],
+)
+def test_bad_values_name_the_flag_or_variable(
+    monkeypatch: pytest.MonkeyPatch, argv: list[str], env: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        resolve(argv, monkeypatch, **env)
+
+
+def test_node_identity_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NODE_NAME", "from-downward-api")
+    assert node_name("explicit") == "explicit"
+    assert node_name(None) == "from-downward-api"
+    monkeypatch.delenv("NODE_NAME")
+    import socket
+
+    assert node_name(None) == socket.gethostname()
+
+
+def run_cli(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLEET_")}
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "gpufleet", *argv],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_without_a_driver_the_agent_exits_with_one_clear_line() -> None:
+    result = run_cli("agent", "--listen", "127.0.0.1:19999")
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "libnvidia-ml.so.1 was not found" in lines[0]
+    assert "--gpu-source none" in lines[0] and "--gpu-source synthetic" in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_a_bad_environment_value_exits_2_without_traceback() -> None:
+    result = run_cli("agent", env={"GPUFLEET_GPU_SOURCE": "cuda"})
+    assert result.returncode == 2
+    assert "GPUFLEET_GPU_SOURCE: 'cuda' is not one of" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_help_lists_the_environment_variables() -> None:
+    result = run_cli("agent", "--help")
+    assert result.returncode == 0
+    for option in AGENT_OPTIONS:
+        assert option.env in result.stdout
+
+
+def test_parser_requires_a_command() -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([])
+    assert isinstance(build_parser(), argparse.ArgumentParser)
