@@ -41,6 +41,12 @@ def test_every_flag_has_an_environment_variable(monkeypatch: pytest.MonkeyPatch)
         GPUFLEET_NVML_CALL_TIMEOUT="7",
         GPUFLEET_GPU_STALE_AFTER="30",
         GPUFLEET_LOG_LEVEL="debug",
+        GPUFLEET_INGEST_TOKEN="tok",
+        GPUFLEET_JOB_TTL="1800",
+        GPUFLEET_MAX_JOBS="4",
+        GPUFLEET_MAX_STAGES="8",
+        GPUFLEET_MAX_RANKS="64",
+        GPUFLEET_MAX_BATCH_EVENTS="1000",
     )
     assert values == {
         "listen": ("127.0.0.1", 9999),
@@ -51,6 +57,12 @@ def test_every_flag_has_an_environment_variable(monkeypatch: pytest.MonkeyPatch)
         "nvml_call_timeout": 7.0,
         "gpu_stale_after": 30.0,
         "log_level": "debug",
+        "ingest_token": "tok",
+        "job_ttl": 1800.0,
+        "max_jobs": 4,
+        "max_stages": 8,
+        "max_ranks": 64,
+        "max_batch_events": 1000,
     }
     assert {option.env for option in AGENT_OPTIONS} == {
         "GPUFLEET_LISTEN",
@@ -61,6 +73,12 @@ def test_every_flag_has_an_environment_variable(monkeypatch: pytest.MonkeyPatch)
         "GPUFLEET_NVML_CALL_TIMEOUT",
         "GPUFLEET_GPU_STALE_AFTER",
         "GPUFLEET_LOG_LEVEL",
+        "GPUFLEET_INGEST_TOKEN",
+        "GPUFLEET_JOB_TTL",
+        "GPUFLEET_MAX_JOBS",
+        "GPUFLEET_MAX_STAGES",
+        "GPUFLEET_MAX_RANKS",
+        "GPUFLEET_MAX_BATCH_EVENTS",
     }
 
 
@@ -77,6 +95,7 @@ def test_a_flag_wins_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> No
         (["--gpu-source", "dcgm"], {}, "--gpu-source: 'dcgm' is not one of: nvml, synthetic"),
         (["--expected-gpus", "-1"], {}, "--expected-gpus: '-1' is not a positive whole number"),
         (["--gpu-interval", "0"], {}, "--gpu-interval: '0' must be between 0 and 3600"),
+        ([], {"GPUFLEET_JOB_TTL": "5"}, "GPUFLEET_JOB_TTL: '5' must be between 60 seconds"),
     ],
 )
 def test_bad_values_name_the_flag_or_variable(

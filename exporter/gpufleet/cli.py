@@ -46,6 +46,20 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+def _ttl_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number of seconds") from None
+    if not 60 <= value <= 7 * 86400:
+        raise ValueError(f"{text!r} must be between 60 seconds and 7 days")
+    return value
+
+
+def _text(text: str) -> str:
+    return text
+
+
 def _positive_int(text: str) -> int:
     if not text.isdigit() or int(text) <= 0:
         raise ValueError(f"{text!r} is not a positive whole number")
@@ -148,6 +162,32 @@ AGENT_OPTIONS = (
         "seconds after which a snapshot is too old to serve (default: 3 intervals, at least 15)",
     ),
     _Option(
+        "--ingest-token",
+        "GPUFLEET_INGEST_TOKEN",
+        _text,
+        None,
+        "bearer token required to POST training events (default: none required)",
+    ),
+    _Option(
+        "--job-ttl",
+        "GPUFLEET_JOB_TTL",
+        _ttl_seconds,
+        "900",
+        "seconds after which a training job that stopped reporting is forgotten",
+    ),
+    _Option(
+        "--max-jobs", "GPUFLEET_MAX_JOBS", _positive_int, "16", "training jobs tracked at once"
+    ),
+    _Option("--max-stages", "GPUFLEET_MAX_STAGES", _positive_int, "64", "distinct pp_stage values"),
+    _Option("--max-ranks", "GPUFLEET_MAX_RANKS", _positive_int, "256", "distinct ranks"),
+    _Option(
+        "--max-batch-events",
+        "GPUFLEET_MAX_BATCH_EVENTS",
+        _positive_int,
+        "20000",
+        "events accepted in one POST",
+    ),
+    _Option(
         "--log-level",
         "GPUFLEET_LOG_LEVEL",
         _choice("debug", "info", "warning", "error"),
@@ -165,6 +205,7 @@ def node_name(explicit: str | None) -> str:
 def _run_agent(namespace: argparse.Namespace) -> int:
     from gpufleet.agent.app import Agent, AgentSettings, serve
     from gpufleet.gpu.reader import NvmlUnavailable
+    from gpufleet.training.aggregate import IngestLimits
 
     values = {option.dest: option.resolve(namespace) for option in AGENT_OPTIONS}
     logging.basicConfig(level=values["log_level"].upper(), format=LOG_FORMAT)
@@ -178,7 +219,22 @@ def _run_agent(namespace: argparse.Namespace) -> int:
         expected_gpus=values["expected_gpus"],
         stale_after=values["gpu_stale_after"],
         nvml_call_timeout=values["nvml_call_timeout"],
+        ingest_token=values["ingest_token"],
+        limits=IngestLimits(
+            job_ttl_s=values["job_ttl"],
+            max_jobs=values["max_jobs"],
+            max_stages=values["max_stages"],
+            max_ranks=values["max_ranks"],
+            max_batch_events=values["max_batch_events"],
+        ),
     )
+    if not values["ingest_token"] and host not in ("127.0.0.1", "::1", "localhost"):
+        logging.getLogger("gpufleet.agent").warning(
+            "the ingest API on %s:%d accepts training events from anyone who can reach it; "
+            "set --ingest-token (GPUFLEET_INGEST_TOKEN) to require a bearer token",
+            host,
+            port,
+        )
     agent = Agent(settings)
     try:
         agent.open()

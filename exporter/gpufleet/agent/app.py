@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from fastapi import FastAPI
@@ -19,6 +20,8 @@ from gpufleet.gpu.reader import CallErrors, NvmlApi, NvmlReader
 from gpufleet.gpu.render import GpuExpositionCache
 from gpufleet.gpu.sampler import GpuSampler
 from gpufleet.gpu.xid import XidLedger, XidWatcher
+from gpufleet.training.aggregate import IngestLimits, TrainingAggregator
+from gpufleet.training.ingest import IngestApi
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +39,19 @@ class AgentSettings:
     expected_gpus: int | None = None
     stale_after: float | None = None
     nvml_call_timeout: float | None = None
+    ingest_token: str | None = None
+    limits: IngestLimits = field(default_factory=IngestLimits)
 
 
 class Agent:
     """Everything one node runs. ``open()`` may raise NvmlUnavailable; nothing else does."""
 
-    def __init__(self, settings: AgentSettings, nvml: NvmlApi | None = None) -> None:
+    def __init__(
+        self,
+        settings: AgentSettings,
+        nvml: NvmlApi | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.settings = settings
         self._nvml_override = nvml
         self.errors = CallErrors()
@@ -53,6 +63,7 @@ class Agent:
         self._watcher: XidWatcher | None = None
         self._cache: GpuExpositionCache | None = None
         self._started = False
+        self.training = TrainingAggregator(settings.node, settings.limits, clock)
 
     def _nvml(self) -> NvmlApi:
         if self._nvml_override is not None:
@@ -81,6 +92,7 @@ class Agent:
             self.xids = XidLedger()
             self._watcher = XidWatcher(nvml, reader.handles, self.xids, self.errors)
             self._cache = GpuExpositionCache(self.sampler, self.xids)
+        self.registry.register(self.training)
         self.registry.register(
             AgentSelfCollector(
                 settings.node, settings.gpu_source, self.errors, self.sampler, self.scrapes
@@ -140,6 +152,8 @@ class Agent:
             redoc_url=None,
         )
 
+        api.include_router(IngestApi(agent.training, agent.settings.ingest_token).router())
+
         @api.get("/", response_class=PlainTextResponse, include_in_schema=False)
         def index() -> str:
             return (
@@ -147,7 +161,7 @@ class Agent:
                 "/metrics   Prometheus metrics (DCGM-compatible GPU series, gpufleet_*)\n"
                 "/healthz   liveness\n"
                 "/readyz    readiness (first GPU snapshot taken)\n"
-                "/docs      the ingest API\n"
+                "/v1/steps, /v1/checkpoints   training-metrics ingest (POST; see /docs)\n"
             )
 
         @api.get("/healthz")

@@ -1,0 +1,1 @@
+"""Training metrics: ingest models, per-node aggregation, the client and its adapters."""
