@@ -2,8 +2,12 @@
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
+# adapters = real PyTorch (CPU) + Lightning + Transformers for the adapter tests;
+# `make test EXTRAS=dev` skips them (those tests then skip).
+EXTRAS ?= dev,adapters
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
+comma := ,
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-8)-$(subst $(comma),_,$(EXTRAS))
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: help venv binaries test pytest lint format check-generated generate demo bench clean
@@ -18,7 +22,7 @@ help:
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]'
 	rm -f $(VENV)/.installed-* && touch $@
 
 venv: $(STAMP)
@@ -59,6 +63,8 @@ bench: venv binaries
 	  $(SUDO) apt-get update && \
 	  $(SUDO) apt-get install -y --no-install-recommends prometheus-node-exporter; }
 	$(PY) bench/agent_scrape.py
+	$(PY) bench/client_overhead.py
+	$(PY) bench/ingest_throughput.py
 
 clean:
 	rm -rf .demo bench/out .pytest_cache .mypy_cache .ruff_cache

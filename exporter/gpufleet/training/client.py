@@ -1,0 +1,555 @@
+"""Report training steps and checkpoints to the node's gpufleet agent.
+
+Three lines in a training loop::
+
+    reporter = Reporter()                      # job, rank and agent URL from the environment
+    for batch in loader:
+        with reporter.step(tokens=batch_tokens):
+            train_step(batch)
+
+Recording never blocks and never raises into training code: events go into a
+bounded in-memory buffer that a background thread sends in batches. While the
+agent is down the thread backs off and retries; when the buffer is full, new
+events are dropped and counted, and the count is reported to the agent when it
+answers again. The buffer is flushed at exit (for at most ``exit_timeout``).
+
+Only the standard library is imported, so this module is cheap to import in
+any training environment.
+"""
+
+from __future__ import annotations
+
+import atexit
+import http.client
+import itertools
+import json
+import logging
+import os
+import random
+import re
+import socket
+import threading
+import time
+import urllib.parse
+from collections import deque
+from collections.abc import Callable
+from types import TracebackType
+from typing import Literal
+
+log = logging.getLogger("gpufleet.client")
+
+Phase = Literal["train", "eval", "checkpoint"]
+
+DEFAULT_AGENT_URL = "http://127.0.0.1:9405"
+_JOB_VARIABLES = (
+    "GPUFLEET_TRAINING_JOB",
+    "TORCHELASTIC_RUN_ID",
+    "SLURM_JOB_ID",
+    "PBS_JOBID",
+    "LSB_JOBID",
+    "JOB_ID",
+)
+_RANK_VARIABLES = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
+_LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9._:@/+=-]")
+# A gap longer than this between two steps is not data loading (eval, logging, a stall).
+_MAX_AUTO_DATA_WAIT_S = 60.0
+_WARN_EVERY_S = 60.0
+
+
+def job_from_environment() -> str:
+    """The training job id: GPUFLEET_TRAINING_JOB, else the launcher's (TorchElastic, Slurm...)."""
+    for name in _JOB_VARIABLES:
+        value = os.environ.get(name, "").strip()
+        if value and value.lower() != "none":
+            return safe_label(value)
+    return safe_label(f"local-{socket.gethostname()}")
+
+
+def rank_from_environment() -> int:
+    """The global rank: RANK (torchrun), else SLURM_PROCID, OMPI / PMI variables, else 0."""
+    for name in _RANK_VARIABLES:
+        value = os.environ.get(name, "").strip()
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+def safe_label(value: str) -> str:
+    """Make a value acceptable as a training_job label (what the agent accepts)."""
+    cleaned = _LABEL_UNSAFE.sub("_", value)[:128]
+    if not cleaned or not cleaned[0].isalnum():
+        cleaned = ("j" + cleaned)[:128]
+    return cleaned
+
+
+class _Phase:
+    """Times one phase (data, compute, comm) inside a step."""
+
+    __slots__ = ("_attr", "_started", "_timer")
+
+    def __init__(self, timer: StepTimer, attr: str) -> None:
+        self._timer = timer
+        self._attr = attr
+        self._started = 0.0
+
+    def __enter__(self) -> None:
+        self._started = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        elapsed = time.perf_counter() - self._started
+        setattr(self._timer, self._attr, getattr(self._timer, self._attr) + elapsed)
+
+
+class StepTimer:
+    """Context manager for one step. Use ``data()``, ``comm()`` or ``compute()`` inside to
+    split it; set ``tokens`` if not known up front. Without ``compute()``, compute is the
+    step's time minus its data and communication waits."""
+
+    __slots__ = (
+        "_reporter",
+        "_started",
+        "comm_wait_s",
+        "compute_s",
+        "data_wait_s",
+        "phase",
+        "step",
+        "tokens",
+    )
+
+    def __init__(self, reporter: Reporter, tokens: int, phase: Phase, step: int | None) -> None:
+        self._reporter = reporter
+        self.tokens = tokens
+        self.phase = phase
+        self.step = step
+        self.data_wait_s = 0.0
+        self.comm_wait_s = 0.0
+        self.compute_s: float | None = None
+        self._started = 0.0
+
+    def data(self) -> _Phase:
+        return _Phase(self, "data_wait_s")
+
+    def comm(self) -> _Phase:
+        return _Phase(self, "comm_wait_s")
+
+    def compute(self) -> _Phase:
+        if self.compute_s is None:
+            self.compute_s = 0.0
+        return _Phase(self, "compute_s")
+
+    def __enter__(self) -> StepTimer:
+        self._started = time.perf_counter()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is not None:
+            self._reporter._last_step_end = None  # an interrupted step is not recorded
+            return
+        self._reporter._finish_step(self, self._started)
+
+
+class CheckpointTimer:
+    """Context manager for one checkpoint save or restore.
+
+    Call ``serving()`` at the moment the storage starts serving the operation (a
+    slot, lock or connection was granted); the time before it is queue wait, the
+    time after it is service. Without ``serving()`` the whole operation counts
+    as service time.
+    """
+
+    __slots__ = ("_reporter", "_served_at", "_started", "bytes", "id", "op")
+
+    def __init__(self, reporter: Reporter, op: Literal["save", "restore"], ident: str, size: int):
+        self._reporter = reporter
+        self.op = op
+        self.id = ident
+        self.bytes = size
+        self._started = 0.0
+        self._served_at: float | None = None
+
+    def serving(self) -> None:
+        self._served_at = time.perf_counter()
+
+    def __enter__(self) -> CheckpointTimer:
+        self._started = time.perf_counter()
+        self._reporter._push(("c", self.op, "begin", self.id, 0.0, 0.0, 0, True))
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        ended = time.perf_counter()
+        served = self._served_at if self._served_at is not None else self._started
+        queue_wait, service = served - self._started, ended - served
+        ok = exc_type is None
+        self._reporter._push(("c", self.op, "end", self.id, queue_wait, service, self.bytes, ok))
+
+
+class Reporter:
+    """Sends this rank's steps and checkpoints to the node's agent. Thread-safe to call.
+
+    Args:
+        agent_url: the agent, e.g. ``http://10.0.0.5:9405`` (default: GPUFLEET_AGENT_URL,
+            else http://127.0.0.1:9405). In Kubernetes point it at the node:
+            ``http://$(HOST_IP):9405`` with HOST_IP from the downward API.
+        training_job: job id (default: GPUFLEET_TRAINING_JOB, TORCHELASTIC_RUN_ID,
+            SLURM_JOB_ID, ...).
+        rank: global rank (default: RANK, SLURM_PROCID, ...).
+        pp_stage: this rank's pipeline-parallel stage; ranks are only compared with
+            peers in the same stage.
+        dp_rank: data-parallel rank, where known.
+        token: bearer token if the agent requires one (default: GPUFLEET_INGEST_TOKEN).
+        sync: called before a step's end time is taken, e.g. ``torch.cuda.synchronize``,
+            so that asynchronous GPU work is inside the step it belongs to.
+        buffer_size: events held while the agent is slow or down; beyond it they drop.
+        enabled: False (or GPUFLEET_DISABLE=1) makes every call a no-op.
+    """
+
+    def __init__(
+        self,
+        agent_url: str | None = None,
+        *,
+        training_job: str | None = None,
+        rank: int | None = None,
+        pp_stage: int = 0,
+        dp_rank: int | None = None,
+        token: str | None = None,
+        sync: Callable[[], object] | None = None,
+        buffer_size: int = 65_536,
+        batch_size: int = 4096,
+        flush_interval: float = 1.0,
+        timeout: float = 2.0,
+        exit_timeout: float = 2.0,
+        enabled: bool | None = None,
+    ) -> None:
+        url = agent_url or os.environ.get("GPUFLEET_AGENT_URL") or DEFAULT_AGENT_URL
+        parsed = urllib.parse.urlsplit(url if "//" in url else f"http://{url}")
+        self.agent_url = url
+        self._host = parsed.hostname or "127.0.0.1"
+        self._port = parsed.port or 9405
+        self._base_path = parsed.path.rstrip("/")
+        self.training_job = safe_label(training_job) if training_job else job_from_environment()
+        self.rank = rank if rank is not None else rank_from_environment()
+        self.pp_stage = pp_stage
+        self.dp_rank = dp_rank
+        token = token if token is not None else os.environ.get("GPUFLEET_INGEST_TOKEN")
+        self._headers = {"Content-Type": "application/json"}
+        if token:
+            self._headers["Authorization"] = f"Bearer {token}"
+        self._sync = sync
+        self._capacity = buffer_size
+        self._batch_size = batch_size
+        self._flush_interval = flush_interval
+        self._timeout = timeout
+        self._exit_timeout = exit_timeout
+        if enabled is None:
+            enabled = os.environ.get("GPUFLEET_DISABLE", "") not in ("1", "true", "yes")
+        self.enabled = enabled
+
+        self._buffer: deque[tuple[object, ...]] = deque()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._thread_lock = threading.Lock()
+        self._idle = threading.Condition()
+        self._in_flight = 0
+        self._connection: http.client.HTTPConnection | None = None
+        self._step_counter = itertools.count()
+        self._checkpoint_ids = itertools.count()
+        self._last_step_end: float | None = None
+        self._warned: dict[str, float] = {}
+        self._count_lock = threading.Lock()
+
+        self.dropped = 0  # events dropped and not yet reported to the agent
+        self.dropped_total = 0
+        self.sent = 0
+        self.rejected = 0
+        if enabled:
+            atexit.register(self.close)
+            if hasattr(os, "register_at_fork"):
+                os.register_at_fork(after_in_child=self._after_fork)
+
+    # -- recording (training thread) ----------------------------------------------
+
+    def step(self, tokens: int = 0, phase: Phase = "train", step: int | None = None) -> StepTimer:
+        """Time one step: ``with reporter.step(tokens=n): ...``.
+
+        The gap since the previous step ended (the time spent in ``next(loader)``)
+        counts as data-loader wait and as part of the step.
+        """
+        return StepTimer(self, tokens, phase, step)
+
+    def _finish_step(self, timer: StepTimer, started: float) -> None:
+        if self._sync is not None:
+            try:
+                self._sync()
+            except Exception:  # noqa: BLE001 - timing must never break training
+                self._warn("sync", "the sync callable raised; timings may be early")
+        ended = time.perf_counter()
+        previous = self._last_step_end
+        self._last_step_end = ended
+        gap = started - previous if previous is not None else 0.0
+        if not 0.0 <= gap <= _MAX_AUTO_DATA_WAIT_S:
+            gap = 0.0
+        self.record_step(
+            duration_s=ended - started + gap,
+            compute_s=timer.compute_s,
+            data_wait_s=timer.data_wait_s + gap,
+            comm_wait_s=timer.comm_wait_s,
+            tokens=timer.tokens,
+            phase=timer.phase,
+            step=timer.step,
+        )
+
+    def record_step(
+        self,
+        duration_s: float,
+        *,
+        compute_s: float | None = None,
+        data_wait_s: float = 0.0,
+        comm_wait_s: float = 0.0,
+        tokens: int = 0,
+        phase: Phase = "train",
+        step: int | None = None,
+    ) -> None:
+        """Record a step timed by the caller (seconds). Never blocks, never raises."""
+        if step is None:
+            step = next(self._step_counter)
+        self._push(("s", step, duration_s, compute_s, data_wait_s, comm_wait_s, tokens, phase))
+
+    def checkpoint(
+        self, op: Literal["save", "restore"] = "save", bytes: int = 0, id: str | None = None
+    ) -> CheckpointTimer:
+        """Time a checkpoint: ``with reporter.checkpoint("save", bytes=n) as c: ...``;
+        call ``c.serving()`` when the storage starts serving, to separate queue wait."""
+        ident = id or f"{self.rank}-{next(self._checkpoint_ids)}"
+        return CheckpointTimer(self, op, ident, bytes)
+
+    def record_checkpoint(
+        self,
+        op: Literal["save", "restore"],
+        *,
+        queue_wait_s: float,
+        service_s: float,
+        bytes: int = 0,
+        ok: bool = True,
+    ) -> None:
+        """Record a checkpoint operation timed by the caller (begin and end at once)."""
+        ident = f"{self.rank}-{next(self._checkpoint_ids)}"
+        self._push(("c", op, "begin", ident, 0.0, 0.0, 0, True))
+        self._push(("c", op, "end", ident, queue_wait_s, service_s, bytes, ok))
+
+    def _push(self, event: tuple[object, ...]) -> None:
+        if not self.enabled:
+            return
+        if self._thread is None:
+            self._start_thread()
+        buffer = self._buffer
+        if len(buffer) >= self._capacity:
+            self._count_dropped(1)
+            return
+        buffer.append(event)
+        if len(buffer) == self._batch_size:
+            self._wake.set()
+
+    # -- sending (background thread) ------------------------------------------------
+
+    def _start_thread(self) -> None:
+        with self._thread_lock:
+            if self._thread is not None:
+                return
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="gpufleet-reporter", daemon=True)
+            self._thread.start()
+
+    def _after_fork(self) -> None:
+        # A forked child (a DataLoader worker) has no sender thread: start afresh, empty.
+        self._buffer = deque()
+        self._thread = None
+        self._connection = None
+        self._thread_lock = threading.Lock()
+        self._idle = threading.Condition()
+        self._in_flight = 0
+
+    def _run(self) -> None:
+        backoff = 0.0
+        while not self._stop.is_set():
+            if backoff:
+                self._stop.wait(backoff)
+            else:
+                self._wake.wait(self._flush_interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            if self._drain() is False:
+                backoff = min(30.0, max(0.5, backoff * 2)) * random.uniform(0.8, 1.2)
+            else:
+                backoff = 0.0
+
+    def _drain(self) -> bool | None:
+        """Send everything buffered. False: the agent is unreachable (retry later)."""
+        result: bool | None = None
+        while self._buffer:
+            taken = self._take()
+            with self._idle:
+                self._in_flight += 1
+            try:
+                ok = self._send_events(taken)
+            finally:
+                with self._idle:
+                    self._in_flight -= 1
+                    self._idle.notify_all()
+            if not ok:
+                # Put the batch back in front, within capacity; the rest is dropped and counted.
+                room = self._capacity - len(self._buffer)
+                keep = taken[: max(0, room)]
+                self._buffer.extendleft(reversed(keep))
+                if len(keep) < len(taken):
+                    self._count_dropped(len(taken) - len(keep))
+                return False
+            result = True
+        with self._idle:
+            self._idle.notify_all()
+        return result
+
+    def _count_dropped(self, count: int) -> None:
+        with self._count_lock:
+            self.dropped += count
+            self.dropped_total += count
+        self._warn("dropped", "gpufleet client buffer full: dropping events (they are counted)")
+
+    def _take(self) -> list[tuple[object, ...]]:
+        taken = []
+        buffer = self._buffer
+        for _ in range(min(self._batch_size, len(buffer))):
+            taken.append(buffer.popleft())
+        return taken
+
+    def _send_events(self, events: list[tuple[object, ...]]) -> bool:
+        steps = [self._step_json(e) for e in events if e[0] == "s"]
+        checkpoints = [self._checkpoint_json(e) for e in events if e[0] == "c"]
+        for path, payload in (("/v1/steps", steps), ("/v1/checkpoints", checkpoints)):
+            if not payload:
+                continue
+            dropped = self.dropped
+            body = json.dumps({"events": payload, "dropped": dropped}).encode()
+            status = self._post(path, body)
+            if status is None or status >= 500:
+                return False
+            if status < 300:
+                self.sent += len(payload)
+                with self._count_lock:
+                    self.dropped -= dropped
+            else:
+                self.rejected += len(payload)
+                self._warn(
+                    f"http-{status}",
+                    f"the agent at {self.agent_url} rejected {len(payload)} events "
+                    f"with HTTP {status}; they are dropped",
+                )
+        return True
+
+    def _step_json(self, event: tuple[object, ...]) -> dict[str, object]:
+        _, step, duration, compute, data, comm, tokens, phase = event
+        payload: dict[str, object] = {
+            "training_job": self.training_job,
+            "rank": self.rank,
+            "pp_stage": self.pp_stage,
+            "step": step,
+            "duration_s": duration,
+            "data_wait_s": data,
+            "comm_wait_s": comm,
+            "tokens": tokens,
+            "phase": phase,
+        }
+        if compute is not None:
+            payload["compute_s"] = compute
+        if self.dp_rank is not None:
+            payload["dp_rank"] = self.dp_rank
+        return payload
+
+    def _checkpoint_json(self, event: tuple[object, ...]) -> dict[str, object]:
+        _, op, kind, ident, queue_wait, service, size, ok = event
+        payload: dict[str, object] = {
+            "training_job": self.training_job,
+            "rank": self.rank,
+            "op": op,
+            "event": kind,
+            "id": ident,
+        }
+        if kind == "end":
+            payload.update(queue_wait_s=queue_wait, service_s=service, bytes=size, ok=ok)
+        return payload
+
+    def _post(self, path: str, body: bytes) -> int | None:
+        for attempt in range(2):  # one retry on a stale keep-alive connection
+            connection = self._connection
+            if connection is None:
+                connection = self._connection = http.client.HTTPConnection(
+                    self._host, self._port, timeout=self._timeout
+                )
+            try:
+                connection.request("POST", self._base_path + path, body, self._headers)
+                response = connection.getresponse()
+                response.read()
+                return response.status
+            except (OSError, http.client.HTTPException) as error:
+                connection.close()
+                self._connection = None
+                if attempt == 1 or not isinstance(
+                    error, http.client.RemoteDisconnected | BrokenPipeError
+                ):
+                    self._warn(
+                        "unreachable",
+                        f"gpufleet agent at {self.agent_url} unreachable ({error}); "
+                        "buffering and retrying",
+                    )
+                    return None
+        return None
+
+    def _warn(self, kind: str, message: str) -> None:
+        now = time.monotonic()
+        if now - self._warned.get(kind, -_WARN_EVERY_S) >= _WARN_EVERY_S:
+            self._warned[kind] = now
+            log.warning(message)
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until everything recorded so far is sent (or ``timeout`` passes)."""
+        if not self.enabled or self._thread is None:
+            return not self._buffer
+        deadline = time.monotonic() + timeout
+        self._wake.set()
+        with self._idle:
+            while self._buffer or self._in_flight:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._wake.set()
+                self._idle.wait(min(remaining, 0.05))
+        return True
+
+    def close(self) -> None:
+        """Flush (for at most ``exit_timeout``) and stop the sender. Called at exit."""
+        if not self.enabled:
+            return
+        if self._thread is not None:
+            self.flush(self._exit_timeout)
+            self._stop.set()
+            self._wake.set()
+            self._thread.join(self._exit_timeout)
+            self._thread = None
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+        self.enabled = False
+        atexit.unregister(self.close)

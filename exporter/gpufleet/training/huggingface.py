@@ -1,0 +1,81 @@
+"""Hugging Face Transformers adapter: ``Trainer(..., callbacks=[GpuFleetTrainerCallback()])``.
+
+Importing this module imports ``transformers``; ``gpufleet.client`` never does.
+
+One optimizer step of the Trainer is one gpufleet step, timed from the end of
+the previous step (so fetching the batch is included and reported as data
+wait) to ``on_step_end``. On CUDA the callback synchronises before reading the
+clock. Checkpoint saves are not timed here (the Trainer has no hook around the
+write): wrap your own save in ``reporter.checkpoint()`` if you need them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from transformers import TrainerCallback
+
+from gpufleet.training.client import Reporter
+
+
+class GpuFleetTrainerCallback(TrainerCallback):  # type: ignore[misc]
+    """Reports every optimizer step of a Hugging Face Trainer to the node's agent.
+
+    Args:
+        reporter: a configured Reporter; by default one is made at train begin
+            with the Trainer's process index as rank.
+        pp_stage: this rank's pipeline stage (when the reporter is made here).
+        tokens_per_step: returns tokens processed per step, given the TrainerState.
+        synchronize_cuda: synchronise CUDA before reading the clock (default True).
+    """
+
+    def __init__(
+        self,
+        reporter: Reporter | None = None,
+        pp_stage: int = 0,
+        tokens_per_step: Callable[[Any], int] | None = None,
+        synchronize_cuda: bool = True,
+    ) -> None:
+        self.reporter = reporter
+        self._pp_stage = pp_stage
+        self._tokens = tokens_per_step
+        self._synchronize_cuda = synchronize_cuda
+        self._sync: Callable[[], object] | None = None
+        self._last_end: float | None = None
+        self._started = 0.0
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.reporter is None:
+            self.reporter = Reporter(rank=int(args.process_index), pp_stage=self._pp_stage)
+        if self._synchronize_cuda and str(getattr(args, "device", "")).startswith("cuda"):
+            import torch
+
+            self._sync = torch.cuda.synchronize
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._started = time.perf_counter()
+        if self._last_end is None:
+            self._last_end = self._started
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._sync is not None:
+            self._sync()
+        ended = time.perf_counter()
+        previous = self._last_end if self._last_end is not None else self._started
+        self._last_end = ended
+        data_wait = max(0.0, self._started - previous)
+        if data_wait > 60.0:  # evaluation or saving ran in between: not data loading
+            previous, data_wait = self._started, 0.0
+        if self.reporter is not None:
+            self.reporter.record_step(
+                ended - previous,
+                data_wait_s=data_wait,
+                tokens=self._tokens(state) if self._tokens is not None else 0,
+                step=int(state.global_step),
+            )
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.reporter is not None:
+            self.reporter.flush()

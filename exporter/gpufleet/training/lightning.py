@@ -1,0 +1,119 @@
+"""PyTorch Lightning adapter: ``Trainer(callbacks=[GpuFleetCallback()])``.
+
+Importing this module imports Lightning (``lightning.pytorch``, else the older
+``pytorch_lightning``); ``gpufleet.client`` itself never does.
+
+Each training batch is one step: its time runs from the end of the previous
+batch (so data loading is included and reported as data wait) to the end of
+this one. Validation batches are reported with phase ``eval``. On CUDA the
+callback synchronises before reading the clock, so asynchronous kernels are
+counted in the batch that launched them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+try:
+    from lightning.pytorch.callbacks import Callback
+except ImportError:  # the standalone package of Lightning < 2.0 naming
+    from pytorch_lightning.callbacks import Callback
+
+from gpufleet.training.client import Reporter
+
+
+class GpuFleetCallback(Callback):  # type: ignore[misc]
+    """Reports every training and validation batch to the node's gpufleet agent.
+
+    Args:
+        reporter: a configured Reporter; by default one is made in ``setup`` with
+            the trainer's global rank and ``pp_stage``.
+        pp_stage: this rank's pipeline stage (when the reporter is made here).
+        tokens_per_batch: returns the number of tokens in a batch, if you want
+            token throughput.
+        synchronize_cuda: synchronise CUDA before reading the clock (default True).
+    """
+
+    def __init__(
+        self,
+        reporter: Reporter | None = None,
+        pp_stage: int = 0,
+        tokens_per_batch: Callable[[Any], int] | None = None,
+        synchronize_cuda: bool = True,
+    ) -> None:
+        super().__init__()
+        self.reporter = reporter
+        self._pp_stage = pp_stage
+        self._tokens = tokens_per_batch
+        self._synchronize_cuda = synchronize_cuda
+        self._sync: Callable[[], object] | None = None
+        self._last_end: float | None = None
+        self._started = 0.0
+        self._train_steps = 0
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if self.reporter is None:
+            self.reporter = Reporter(rank=int(trainer.global_rank), pp_stage=self._pp_stage)
+        device = getattr(pl_module, "device", None)
+        if self._synchronize_cuda and getattr(device, "type", "") == "cuda":
+            import torch
+
+            self._sync = torch.cuda.synchronize
+
+    def _begin(self) -> None:
+        self._started = time.perf_counter()
+        if self._last_end is None:
+            self._last_end = self._started
+
+    def _end(self, batch: Any, phase: str) -> None:
+        if self._sync is not None:
+            self._sync()
+        ended = time.perf_counter()
+        previous = self._last_end if self._last_end is not None else self._started
+        self._last_end = ended
+        data_wait = max(0.0, self._started - previous)
+        if data_wait > 60.0:  # a pause (checkpoint, eval) between batches is not data loading
+            previous, data_wait = self._started, 0.0
+        tokens = self._tokens(batch) if self._tokens is not None else 0
+        if self.reporter is None:
+            return
+        self.reporter.record_step(
+            ended - previous,
+            data_wait_s=data_wait,
+            tokens=tokens,
+            phase=phase,  # type: ignore[arg-type]
+            step=self._train_steps,
+        )
+
+    def on_train_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._begin()
+
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._end(batch, "train")
+        self._train_steps += 1
+
+    def on_validation_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self._begin()
+
+    def on_validation_batch_end(  # noqa: PLR0917 - Lightning's hook signature
+        self,
+        trainer: Any,
+        pl_module: Any,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._end(batch, "eval")
+
+    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        if self.reporter is not None:
+            self.reporter.flush()

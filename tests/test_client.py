@@ -1,0 +1,227 @@
+"""The training client against a real agent over HTTP: timing, buffering, outages, exit."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from gpufleet.agent.app import Agent, AgentSettings
+from gpufleet.client import Reporter, job_from_environment, rank_from_environment
+from gpufleet.devstack import free_port, wait_until
+
+
+def start_agent(
+    serve_asgi: Callable[..., Any], port: int | None = None, token: str | None = None
+) -> tuple[Agent, str]:
+    agent = Agent(AgentSettings(node="node-c", gpu_source="none", ingest_token=token))
+    agent.open()
+    server = serve_asgi(agent.asgi(), port)
+    return agent, server.url
+
+
+def counter(agent: Agent, name: str, **labels: str) -> float:
+    for family in agent.training.collect():
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return 0.0
+
+
+def test_steps_timed_by_the_context_manager(serve_asgi: Callable[..., Any]) -> None:
+    agent, url = start_agent(serve_asgi)
+    reporter = Reporter(url, training_job="ctx-job", rank=3, pp_stage=1)
+    try:
+        for _ in range(5):
+            time.sleep(0.02)  # the "data loader": the gap before each step
+            with reporter.step(tokens=128) as step:
+                time.sleep(0.03)
+                with step.comm():
+                    time.sleep(0.01)
+        assert reporter.flush(5)
+    finally:
+        reporter.close()
+    labels = {"training_job": "ctx-job", "pp_stage": "1"}
+    assert counter(agent, "gpufleet_training_steps_total", **labels) == 5
+    assert counter(agent, "gpufleet_training_tokens_total", **labels) == 640
+    step_s = counter(agent, "gpufleet_training_step_seconds_total", **labels)
+    data_s = counter(agent, "gpufleet_training_data_wait_seconds_total", **labels)
+    comm_s = counter(agent, "gpufleet_training_collective_wait_seconds_total", **labels)
+    compute_s = counter(agent, "gpufleet_training_compute_seconds_total", **labels)
+    # the first step has no previous step, so four gaps of ~20 ms count as data wait
+    assert 0.07 < data_s < 0.2
+    assert 0.045 < comm_s < 0.15
+    assert 0.14 < compute_s < 0.4
+    assert step_s == pytest.approx(data_s + comm_s + compute_s, rel=1e-6)
+    assert reporter.sent == 5 and reporter.dropped_total == 0
+
+
+def test_explicit_records_and_checkpoint_split(serve_asgi: Callable[..., Any]) -> None:
+    agent, url = start_agent(serve_asgi)
+    reporter = Reporter(url, training_job="rec-job", rank=0)
+    try:
+        reporter.record_step(
+            1.5, compute_s=1.0, data_wait_s=0.1, comm_wait_s=0.4, tokens=10, step=7
+        )
+        with reporter.checkpoint("save", bytes=1024) as checkpoint:
+            time.sleep(0.05)  # queued for a storage slot
+            checkpoint.serving()
+            time.sleep(0.02)
+        reporter.record_checkpoint("restore", queue_wait_s=3.0, service_s=1.0, bytes=99)
+        assert reporter.flush(5)
+    finally:
+        reporter.close()
+    save = {"training_job": "rec-job", "op": "save"}
+    assert counter(agent, "gpufleet_training_step_number", training_job="rec-job") == 7
+    assert counter(agent, "gpufleet_training_compute_seconds_total", training_job="rec-job") == 1.0
+    assert 0.045 < counter(agent, "gpufleet_checkpoint_queue_wait_seconds_total", **save) < 0.2
+    assert 0.015 < counter(agent, "gpufleet_checkpoint_service_seconds_total", **save) < 0.1
+    assert counter(agent, "gpufleet_checkpoint_in_flight", **save) == 0
+    restore = {"training_job": "rec-job", "op": "restore"}
+    assert counter(agent, "gpufleet_checkpoint_queue_wait_seconds_total", **restore) == 3.0
+    assert counter(agent, "gpufleet_checkpoint_operations_total", **restore, outcome="ok") == 1
+
+
+def test_a_failed_step_is_not_recorded_and_the_error_reaches_the_caller(
+    serve_asgi: Callable[..., Any],
+) -> None:
+    agent, url = start_agent(serve_asgi)
+    reporter = Reporter(url, training_job="err-job", rank=0)
+    try:
+        with pytest.raises(RuntimeError, match="CUDA error"), reporter.step():
+            raise RuntimeError("CUDA error: an illegal memory access")
+        with pytest.raises(OSError), reporter.checkpoint("save"):
+            raise OSError("disk full")
+        assert reporter.flush(5)
+    finally:
+        reporter.close()
+    assert counter(agent, "gpufleet_training_steps_total", training_job="err-job") == 0
+    failed = counter(
+        agent, "gpufleet_checkpoint_operations_total", training_job="err-job", outcome="failed"
+    )
+    assert failed == 1
+
+
+def test_agent_down_never_blocks_or_raises_then_delivers_and_reports_drops(
+    serve_asgi: Callable[..., Any],
+) -> None:
+    port = free_port()
+    reporter = Reporter(
+        f"http://127.0.0.1:{port}",
+        training_job="outage",
+        rank=1,
+        buffer_size=100,
+        batch_size=50,
+        flush_interval=0.05,
+        timeout=0.5,
+    )
+    try:
+        started = time.perf_counter()
+        for n in range(150):
+            reporter.record_step(0.5, step=n)
+        assert time.perf_counter() - started < 0.05  # 150 records while the agent is down
+        assert not reporter.flush(0.3)
+        assert reporter.dropped_total == 50  # the buffer holds 100
+        agent, _ = start_agent(serve_asgi, port)
+        wait_until(lambda: reporter.sent == 100, 40, what="delivery after the agent came back")
+        assert counter(agent, "gpufleet_training_steps_total", training_job="outage") == 100
+        assert counter(agent, "gpufleet_ingest_client_dropped_total") == 50
+        assert reporter.dropped == 0  # reported, so no longer owed
+    finally:
+        reporter.close()
+
+
+def test_rejected_events_are_dropped_and_counted_not_raised(serve_asgi: Callable[..., Any]) -> None:
+    agent, url = start_agent(serve_asgi, token="right")
+    reporter = Reporter(url, training_job="auth", rank=0, token="wrong")
+    try:
+        reporter.record_step(1.0)
+        assert reporter.flush(5)
+        assert reporter.rejected == 1 and reporter.sent == 0
+        assert counter(agent, "gpufleet_ingest_rejected_total", reason="unauthorized") == 1
+    finally:
+        reporter.close()
+    good = Reporter(url, training_job="auth", rank=0, token="right")
+    good.record_step(1.0)
+    assert good.flush(5)
+    good.close()
+    assert counter(agent, "gpufleet_training_steps_total", training_job="auth") == 1
+
+
+def test_buffered_events_are_flushed_at_exit(serve_asgi: Callable[..., Any]) -> None:
+    agent, url = start_agent(serve_asgi)
+    script = textwrap.dedent(
+        f"""
+        from gpufleet.client import Reporter
+        reporter = Reporter({url!r}, training_job="exit-job", rank=2, flush_interval=60)
+        for n in range(25):
+            reporter.record_step(0.1, step=n)
+        # no close(): the interpreter's exit must flush
+        """
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+    assert counter(agent, "gpufleet_training_steps_total", training_job="exit-job") == 25
+
+
+def test_a_forked_child_reports_on_its_own(serve_asgi: Callable[..., Any]) -> None:
+    agent, url = start_agent(serve_asgi)
+    reporter = Reporter(url, training_job="fork-job", rank=0)
+    reporter.record_step(1.0, step=0)
+    assert reporter.flush(5)
+    pid = os.fork()
+    if pid == 0:  # child: a fresh sender thread, an empty buffer
+        reporter.record_step(1.0, step=1)
+        os._exit(0 if reporter.flush(5) else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    reporter.close()
+    assert counter(agent, "gpufleet_training_steps_total", training_job="fork-job") == 2
+
+
+def test_disabled_reporter_does_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUFLEET_DISABLE", "1")
+    reporter = Reporter("http://127.0.0.1:1")
+    with reporter.step():
+        pass
+    reporter.record_step(1.0)
+    assert reporter._thread is None and not reporter._buffer
+    reporter.close()
+
+
+def test_configuration_from_launcher_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in (
+        "GPUFLEET_TRAINING_JOB",
+        "TORCHELASTIC_RUN_ID",
+        "SLURM_JOB_ID",
+        "PBS_JOBID",
+        "LSB_JOBID",
+        "JOB_ID",
+        "RANK",
+        "SLURM_PROCID",
+        "OMPI_COMM_WORLD_RANK",
+        "PMI_RANK",
+        "PMIX_RANK",
+        "GPUFLEET_AGENT_URL",
+        "GPUFLEET_INGEST_TOKEN",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # torchrun's placeholder is skipped
+    monkeypatch.setenv("SLURM_JOB_ID", "812345")
+    monkeypatch.setenv("SLURM_PROCID", "17")
+    assert job_from_environment() == "812345"
+    assert rank_from_environment() == 17
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "a1b2 c3")
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.setenv("GPUFLEET_AGENT_URL", "http://10.1.2.3:9999")
+    monkeypatch.setenv("GPUFLEET_INGEST_TOKEN", "tok")
+    reporter = Reporter(enabled=False)
+    assert reporter.training_job == "a1b2_c3"  # made acceptable as a label
+    assert reporter.rank == 5
+    assert (reporter._host, reporter._port) == ("10.1.2.3", 9999)
+    assert reporter._headers["Authorization"] == "Bearer tok"
