@@ -17,7 +17,7 @@ import bisect
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client.metrics_core import (
@@ -335,6 +335,10 @@ class TrainingAggregator(Collector):
 
     # -- exposition ---------------------------------------------------------------
 
+    def jobs(self) -> dict[str, JobState]:
+        """The live job states (read under no lock: for tests and the simulator's own use)."""
+        return self._jobs
+
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             self._sweep(self._clock())
@@ -342,138 +346,8 @@ class TrainingAggregator(Collector):
         yield from families
 
     def _families(self) -> Iterable[Metric]:
-        node = self.node
-        stage_labels = ["training_job", "node", "pp_stage"]
-
-        def counter(
-            name: str, help_text: str, extra: list[str] | None = None
-        ) -> CounterMetricFamily:
-            return CounterMetricFamily(name, help_text, labels=stage_labels + (extra or []))
-
-        def gauge(name: str, help_text: str, extra: list[str] | None = None) -> GaugeMetricFamily:
-            return GaugeMetricFamily(name, help_text, labels=stage_labels + (extra or []))
-
-        steps = counter("gpufleet_training_steps", "Training-phase steps, one per rank per step.")
-        step_s = counter(
-            "gpufleet_training_step_seconds",
-            "Wall time of training-phase steps, summed over ranks.",
-        )
-        compute_s = counter(
-            "gpufleet_training_compute_seconds",
-            "Compute time of training-phase steps (excluding data and collective waits).",
-        )
-        data_s = counter(
-            "gpufleet_training_data_wait_seconds", "Time ranks waited on the data loader."
-        )
-        comm_s = counter(
-            "gpufleet_training_collective_wait_seconds",
-            "Time ranks waited in collectives (communication, and waiting for slower peers).",
-        )
-        tokens = counter("gpufleet_training_tokens", "Tokens processed in training-phase steps.")
-        slow_s = counter(
-            "gpufleet_training_slowest_rank_compute_seconds",
-            "Per step, the largest compute time among this node's ranks in the stage, summed.",
-        )
-        slow_n = counter(
-            "gpufleet_training_slowest_rank_steps",
-            "Steps counted in gpufleet_training_slowest_rank_compute_seconds_total.",
-        )
-        histogram = HistogramMetricFamily(
-            "gpufleet_training_step_duration_seconds",
-            "Distribution of training-phase step wall times (per rank).",
-            labels=stage_labels,
-        )
-        last_ts = gauge(
-            "gpufleet_training_last_step_timestamp_seconds",
-            "When the agent last received a step of any phase (Unix time, agent clock).",
-        )
-        last_step = gauge("gpufleet_training_step_number", "Highest step number reported.")
-        ranks = gauge(
-            "gpufleet_training_ranks",
-            "Ranks that reported a step recently (within the rank window).",
-        )
-        phase_n = counter(
-            "gpufleet_training_phase_steps",
-            "Steps per phase (train, eval, checkpoint), one per rank per step.",
-            ["phase"],
-        )
-        phase_s = counter(
-            "gpufleet_training_phase_seconds", "Wall time per phase, summed over ranks.", ["phase"]
-        )
-        rank_compute = counter(
-            "gpufleet_training_rank_compute_seconds",
-            "Compute time of training-phase steps per rank (for rank-level peer comparison).",
-            ["rank"],
-        )
-        rank_steps = counter(
-            "gpufleet_training_rank_steps", "Training-phase steps per rank.", ["rank"]
-        )
-        bounds = [*(str(b) for b in self.limits.step_buckets), "+Inf"]
-        for job_name, job in sorted(self._jobs.items()):
-            for pp_stage, stage in sorted(job.stages.items()):
-                labels = [job_name, node, str(pp_stage)]
-                steps.add_metric(labels, stage.steps)
-                step_s.add_metric(labels, stage.step_seconds)
-                compute_s.add_metric(labels, stage.compute_seconds)
-                data_s.add_metric(labels, stage.data_wait_seconds)
-                comm_s.add_metric(labels, stage.comm_wait_seconds)
-                tokens.add_metric(labels, stage.tokens)
-                slow_s.add_metric(labels, stage.slowest_compute_seconds)
-                slow_n.add_metric(labels, stage.slowest_steps)
-                cumulative, running = [], 0
-                for bound, count in zip(bounds, stage.bucket_counts, strict=True):
-                    running += count
-                    cumulative.append((bound, float(running)))
-                histogram.add_metric(labels, cumulative, stage.step_seconds)
-                last_ts.add_metric(labels, stage.last_step_time)
-                last_step.add_metric(labels, stage.last_step)
-                ranks.add_metric(labels, stage.active_ranks)
-                for phase in ("train", "eval", "checkpoint"):
-                    phase_n.add_metric([*labels, phase], stage.phase_steps.get(phase, 0))
-                    phase_s.add_metric([*labels, phase], stage.phase_seconds.get(phase, 0.0))
-                for rank_id, rank in sorted(stage.ranks.items()):
-                    rank_compute.add_metric([*labels, str(rank_id)], rank.compute_seconds)
-                    rank_steps.add_metric([*labels, str(rank_id)], rank.steps)
-        yield from (steps, step_s, compute_s, data_s, comm_s, tokens, slow_s, slow_n, histogram)
-        yield from (last_ts, last_step, ranks, phase_n, phase_s, rank_compute, rank_steps)
-        yield from self._checkpoint_families()
+        yield from training_families(self.node, self._jobs, self.limits.step_buckets)
         yield from self._ingest_families()
-
-    def _checkpoint_families(self) -> Iterable[Metric]:
-        labels = ["training_job", "node", "op"]
-        operations = CounterMetricFamily(
-            "gpufleet_checkpoint_operations",
-            "Completed checkpoint operations by outcome (ok, failed, abandoned: no end seen).",
-            labels=[*labels, "outcome"],
-        )
-        queue = CounterMetricFamily(
-            "gpufleet_checkpoint_queue_wait_seconds",
-            "Time checkpoint operations spent queued for storage before being served.",
-            labels=labels,
-        )
-        service = CounterMetricFamily(
-            "gpufleet_checkpoint_service_seconds",
-            "Time checkpoint operations spent being served (reading or writing).",
-            labels=labels,
-        )
-        size = CounterMetricFamily(
-            "gpufleet_checkpoint_bytes", "Bytes written or read by checkpoints.", labels=labels
-        )
-        in_flight = GaugeMetricFamily(
-            "gpufleet_checkpoint_in_flight",
-            "Checkpoint operations begun on this node and not yet ended (concurrency).",
-            labels=labels,
-        )
-        for job_name, job in sorted(self._jobs.items()):
-            for op, stats in sorted(job.checkpoints.items()):
-                key = [job_name, self.node, op]
-                for outcome in ("ok", "failed", "abandoned"):
-                    operations.add_metric([*key, outcome], stats.outcomes.get(outcome, 0))
-                queue.add_metric(key, stats.queue_wait_seconds)
-                service.add_metric(key, stats.service_seconds)
-                size.add_metric(key, stats.bytes)
-                in_flight.add_metric(key, len(stats.in_flight))
-        yield from (operations, queue, service, size, in_flight)
 
     def _ingest_families(self) -> Iterable[Metric]:
         accepted = CounterMetricFamily(
@@ -502,3 +376,138 @@ class TrainingAggregator(Collector):
         )
         expired.add_metric([], self._jobs_expired)
         yield from (accepted, rejected, dropped, jobs, expired)
+
+
+def training_families(
+    node: str, jobs: Mapping[str, JobState], step_buckets: Sequence[float] = DEFAULT_STEP_BUCKETS
+) -> Iterable[Metric]:
+    """The training and checkpoint families for one node's jobs.
+
+    Shared by the agent's aggregator and the simulator, so a simulated node
+    exposes exactly what a real agent does.
+    """
+    stage_labels = ["training_job", "node", "pp_stage"]
+
+    def counter(name: str, help_text: str, extra: list[str] | None = None) -> CounterMetricFamily:
+        return CounterMetricFamily(name, help_text, labels=stage_labels + (extra or []))
+
+    def gauge(name: str, help_text: str, extra: list[str] | None = None) -> GaugeMetricFamily:
+        return GaugeMetricFamily(name, help_text, labels=stage_labels + (extra or []))
+
+    steps = counter("gpufleet_training_steps", "Training-phase steps, one per rank per step.")
+    step_s = counter(
+        "gpufleet_training_step_seconds",
+        "Wall time of training-phase steps, summed over ranks.",
+    )
+    compute_s = counter(
+        "gpufleet_training_compute_seconds",
+        "Compute time of training-phase steps (excluding data and collective waits).",
+    )
+    data_s = counter("gpufleet_training_data_wait_seconds", "Time ranks waited on the data loader.")
+    comm_s = counter(
+        "gpufleet_training_collective_wait_seconds",
+        "Time ranks waited in collectives (communication, and waiting for slower peers).",
+    )
+    tokens = counter("gpufleet_training_tokens", "Tokens processed in training-phase steps.")
+    slow_s = counter(
+        "gpufleet_training_slowest_rank_compute_seconds",
+        "Per step, the largest compute time among this node's ranks in the stage, summed.",
+    )
+    slow_n = counter(
+        "gpufleet_training_slowest_rank_steps",
+        "Steps counted in gpufleet_training_slowest_rank_compute_seconds_total.",
+    )
+    histogram = HistogramMetricFamily(
+        "gpufleet_training_step_duration_seconds",
+        "Distribution of training-phase step wall times (per rank).",
+        labels=stage_labels,
+    )
+    last_ts = gauge(
+        "gpufleet_training_last_step_timestamp_seconds",
+        "When the agent last received a step of any phase (Unix time, agent clock).",
+    )
+    last_step = gauge("gpufleet_training_step_number", "Highest step number reported.")
+    ranks = gauge(
+        "gpufleet_training_ranks",
+        "Ranks that reported a step recently (within the rank window).",
+    )
+    phase_n = counter(
+        "gpufleet_training_phase_steps",
+        "Steps per phase (train, eval, checkpoint), one per rank per step.",
+        ["phase"],
+    )
+    phase_s = counter(
+        "gpufleet_training_phase_seconds", "Wall time per phase, summed over ranks.", ["phase"]
+    )
+    rank_compute = counter(
+        "gpufleet_training_rank_compute_seconds",
+        "Compute time of training-phase steps per rank (for rank-level peer comparison).",
+        ["rank"],
+    )
+    rank_steps = counter("gpufleet_training_rank_steps", "Training-phase steps per rank.", ["rank"])
+    bounds = [*(str(b) for b in step_buckets), "+Inf"]
+    for job_name, job in sorted(jobs.items()):
+        for pp_stage, stage in sorted(job.stages.items()):
+            labels = [job_name, node, str(pp_stage)]
+            steps.add_metric(labels, stage.steps)
+            step_s.add_metric(labels, stage.step_seconds)
+            compute_s.add_metric(labels, stage.compute_seconds)
+            data_s.add_metric(labels, stage.data_wait_seconds)
+            comm_s.add_metric(labels, stage.comm_wait_seconds)
+            tokens.add_metric(labels, stage.tokens)
+            slow_s.add_metric(labels, stage.slowest_compute_seconds)
+            slow_n.add_metric(labels, stage.slowest_steps)
+            cumulative, running = [], 0
+            for bound, count in zip(bounds, stage.bucket_counts, strict=True):
+                running += count
+                cumulative.append((bound, float(running)))
+            histogram.add_metric(labels, cumulative, stage.step_seconds)
+            last_ts.add_metric(labels, stage.last_step_time)
+            last_step.add_metric(labels, stage.last_step)
+            ranks.add_metric(labels, stage.active_ranks)
+            for phase in ("train", "eval", "checkpoint"):
+                phase_n.add_metric([*labels, phase], stage.phase_steps.get(phase, 0))
+                phase_s.add_metric([*labels, phase], stage.phase_seconds.get(phase, 0.0))
+            for rank_id, rank in sorted(stage.ranks.items()):
+                rank_compute.add_metric([*labels, str(rank_id)], rank.compute_seconds)
+                rank_steps.add_metric([*labels, str(rank_id)], rank.steps)
+    yield from (steps, step_s, compute_s, data_s, comm_s, tokens, slow_s, slow_n, histogram)
+    yield from (last_ts, last_step, ranks, phase_n, phase_s, rank_compute, rank_steps)
+    yield from _checkpoint_families(node, jobs)
+
+
+def _checkpoint_families(node: str, jobs: Mapping[str, JobState]) -> Iterable[Metric]:
+    labels = ["training_job", "node", "op"]
+    operations = CounterMetricFamily(
+        "gpufleet_checkpoint_operations",
+        "Completed checkpoint operations by outcome (ok, failed, abandoned: no end seen).",
+        labels=[*labels, "outcome"],
+    )
+    queue = CounterMetricFamily(
+        "gpufleet_checkpoint_queue_wait_seconds",
+        "Time checkpoint operations spent queued for storage before being served.",
+        labels=labels,
+    )
+    service = CounterMetricFamily(
+        "gpufleet_checkpoint_service_seconds",
+        "Time checkpoint operations spent being served (reading or writing).",
+        labels=labels,
+    )
+    size = CounterMetricFamily(
+        "gpufleet_checkpoint_bytes", "Bytes written or read by checkpoints.", labels=labels
+    )
+    in_flight = GaugeMetricFamily(
+        "gpufleet_checkpoint_in_flight",
+        "Checkpoint operations begun on this node and not yet ended (concurrency).",
+        labels=labels,
+    )
+    for job_name, job in sorted(jobs.items()):
+        for op, stats in sorted(job.checkpoints.items()):
+            key = [job_name, node, op]
+            for outcome in ("ok", "failed", "abandoned"):
+                operations.add_metric([*key, outcome], stats.outcomes.get(outcome, 0))
+            queue.add_metric(key, stats.queue_wait_seconds)
+            service.add_metric(key, stats.service_seconds)
+            size.add_metric(key, stats.bytes)
+            in_flight.add_metric(key, len(stats.in_flight))
+    yield from (operations, queue, service, size, in_flight)
