@@ -168,6 +168,7 @@ class PrometheusServer:
     evaluation_interval: str = "1s"
     port: int | None = None
     extra_args: list[str] = field(default_factory=list)
+    storage_path: Path | None = None  # e.g. blocks backfilled by promtool; default workdir/data
     process: ManagedProcess | None = None
 
     @property
@@ -200,7 +201,7 @@ class PrometheusServer:
             [
                 binary,
                 f"--config.file={config_path}",
-                f"--storage.tsdb.path={self.workdir / 'data'}",
+                f"--storage.tsdb.path={self.storage_path or self.workdir / 'data'}",
                 f"--web.listen-address=127.0.0.1:{self.port}",
                 "--web.enable-lifecycle",
                 "--log.level=warn",

@@ -1,0 +1,1 @@
+"""Synthetic cluster: seeded fault model, live scrape targets, multi-day history."""

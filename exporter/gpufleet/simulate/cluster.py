@@ -1,0 +1,560 @@
+"""The simulated cluster's state, advanced tick by tick, vectorised over nodes and GPUs.
+
+Lock-step semantics: every rank of a synchronous job takes as long per step as
+the slowest rank (plus the collectives), so a slow GPU shows more compute time
+on its node while its healthy peers show more collective wait.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gpufleet.simulate.config import Scenario
+from gpufleet.simulate.faults import CAUSES_BY_NAME, Effect, Episode, Kind
+from gpufleet.simulate.timeline import Timeline, Window, build_timeline
+from gpufleet.training.aggregate import DEFAULT_STEP_BUCKETS
+
+# Per-GPU error counters, by the DCGM field they feed.
+GPU_COUNTERS = (
+    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+    "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
+    "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+    "DCGM_FI_DEV_ROW_REMAP_PENDING",
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+    "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+)
+# Volatile counters reset when the GPU is reset (after a repair).
+_VOLATILE = ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL")
+HW_SLOWDOWN = 0x8
+HW_THERMAL = 0x40
+HW_POWER_BRAKE = 0x80
+AGENT_TTL_S = 900.0  # the agent forgets a job that stopped reporting (its default)
+
+
+@dataclass(slots=True)
+class NodeTraining:
+    """One node's training counters, as its agent would hold them."""
+
+    steps: np.ndarray
+    step_seconds: np.ndarray
+    compute: np.ndarray
+    data_wait: np.ndarray
+    comm_wait: np.ndarray
+    tokens: np.ndarray
+    slowest_compute: np.ndarray
+    slowest_steps: np.ndarray
+    last_step_time: np.ndarray
+    ranks: np.ndarray
+    eval_steps: np.ndarray
+    eval_seconds: np.ndarray
+    buckets: np.ndarray  # (nodes, buckets + 1)
+    rank_compute: np.ndarray  # (nodes, gpus)
+    rank_steps: np.ndarray
+    ckpt_ok: np.ndarray
+    ckpt_queue: np.ndarray
+    ckpt_service: np.ndarray
+    ckpt_bytes: np.ndarray
+    ckpt_in_flight: np.ndarray
+
+    @classmethod
+    def zeros(cls, nodes: int, gpus: int, buckets: int) -> NodeTraining:
+        def z() -> np.ndarray:
+            return np.zeros(nodes)
+
+        return cls(
+            z(), z(), z(), z(), z(), z(), z(), z(), z(), z(), z(), z(),
+            np.zeros((nodes, buckets + 1)), np.zeros((nodes, gpus)), np.zeros((nodes, gpus)),
+            z(), z(), z(), z(), z(),
+        )  # fmt: skip
+
+    def reset_node(self, node: int) -> None:
+        for name in self.__slots__:
+            getattr(self, name)[node] = 0
+
+
+@dataclass(slots=True)
+class XidRecord:
+    counts: dict[int, int] = field(default_factory=dict)
+    last: int = 0
+    last_time: float = 0.0
+
+
+class Cluster:
+    """State of every node and GPU at time ``now``; ``advance()`` moves it forward."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        seed: int,
+        start: float,
+        horizon_s: float,
+        timeline: Timeline | None = None,
+    ) -> None:
+        spec = scenario.cluster
+        self.scenario = scenario
+        self.spec = spec
+        self.seed = seed
+        self.nodes = spec.nodes
+        self.gpus = spec.gpus_per_node
+        self.layout = spec.resolved_layout()
+        width = max(3, len(str(self.nodes - 1)))
+        self.node_names = [f"node-{index:0{width}d}" for index in range(self.nodes)]
+        ranks_per_stage = self.layout.dp * self.layout.tp
+        self.stage = np.array([(n * self.gpus) // ranks_per_stage for n in range(self.nodes)])
+        self.timeline = timeline or build_timeline(scenario, seed, start, start + horizon_s)
+        self.now = start
+        self.start = start
+
+        noise_seed = np.random.SeedSequence([seed, 2])
+        self.rng = np.random.default_rng(noise_seed)
+        static = np.random.default_rng(np.random.SeedSequence([seed, 3]))
+        self.gpu_speed = 1.0 + static.normal(0.0, 0.008, (self.nodes, self.gpus))
+        self.gpu_power_base = static.uniform(560.0, 640.0, (self.nodes, self.gpus))
+        self.uuids = [
+            [self._uuid(node, gpu) for gpu in range(self.gpus)] for node in range(self.nodes)
+        ]
+
+        base = spec.step_seconds * spec.compute_share
+        last = int(self.stage.max())
+        skew = 1.0 + (spec.last_stage_skew if scenario.confounders.stage_skew else 0.0)
+        self.stage_compute = (
+            np.where(self.stage == last, base * skew, base) if last else np.full(self.nodes, base)
+        )
+        self.comm_base = spec.step_seconds * (1.0 - spec.compute_share - spec.data_share)
+        self.data_base = spec.step_seconds * spec.data_share
+        self.bucket_bounds = DEFAULT_STEP_BUCKETS
+
+        nodes, gpus = self.nodes, self.gpus
+        self.counters = {name: np.zeros((nodes, gpus)) for name in GPU_COUNTERS}
+        self.energy_mj = static.uniform(2e12, 2.4e12, (nodes, gpus))
+        self.xids: dict[tuple[int, int], XidRecord] = {}
+        self.gpu_lost = np.zeros((nodes, gpus), dtype=bool)
+        self.node_down = np.zeros(nodes, dtype=bool)
+        self.nvml_hung = np.zeros(nodes, dtype=bool)
+        self.excluded = np.zeros(nodes, dtype=bool)
+        self.throttle = np.zeros((nodes, gpus), dtype=np.int64)
+        self.slowdown = np.ones((nodes, gpus))
+        self.training_now = False
+        self.training = NodeTraining.zeros(nodes, gpus, len(self.bucket_bounds))
+        self.step_number = 0
+        self.step_time = spec.step_seconds
+        self._carry = 0.0
+        self._eval_carry = 0.0
+        self.tick = 0
+
+        self._episodes = sorted(self.timeline.episodes, key=lambda e: e.start)
+        self._next_episode = 0
+        self._active: list[Episode] = []
+        self._storms: dict[int, float] = {}
+
+    def _uuid(self, node: int, gpu: int) -> str:
+        digest = hashlib.sha256(f"{self.seed}:{node}:{gpu}".encode()).hexdigest()
+        return f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
+
+    # -- the tick ---------------------------------------------------------------------
+
+    def advance(self, until: float) -> None:
+        """Move the cluster from ``now`` to ``until``."""
+        start, end = self.now, until
+        if end <= start:
+            return
+        dt = end - start
+        self._admit_episodes(end)
+        self._instant_events(start, end)
+        self._continuous_effects(start, end, dt)
+        self._repairs(start, end)
+        self._train(start, end, dt)
+        self._checkpoints(start, end)
+        self.energy_mj += self._power_watts() * dt * 1000.0 * ~self.gpu_lost
+        self.now = end
+        self.tick += 1
+
+    def _admit_episodes(self, end: float) -> None:
+        episodes = self._episodes
+        while self._next_episode < len(episodes) and episodes[self._next_episode].start < end:
+            self._active.append(episodes[self._next_episode])
+            self._next_episode += 1
+
+    def _instant_events(self, start: float, end: float) -> None:
+        for episode in self._active:
+            if episode.kind == Kind.FAIL_STOP and start <= episode.start < end:
+                self._apply_fail_stop(episode)
+            elif episode.kind == Kind.XID_STORM:
+                self._xid_storm(episode, start, end)
+            elif episode.kind == Kind.ECC_DEGRADATION:
+                self._ecc_degradation(episode, start, end)
+
+    def _record_xid(self, node: int, gpu: int, xid: int, when: float) -> None:
+        record = self.xids.setdefault((node, gpu), XidRecord())
+        record.counts[xid] = record.counts.get(xid, 0) + 1
+        record.last = xid
+        record.last_time = when
+
+    def _apply_fail_stop(self, episode: Episode) -> None:
+        assert episode.node is not None and episode.gpu is not None and episode.cause
+        node, gpu = episode.node, episode.gpu
+        cause = CAUSES_BY_NAME[episode.cause]
+        rng = self.rng
+        if episode.xid is not None:
+            self._record_xid(node, gpu, episode.xid, episode.start)
+        counters = self.counters
+        effect = cause.effect
+        if effect == Effect.GPU_LOST:
+            self.gpu_lost[node, gpu] = True
+        elif effect == Effect.NVLINK:
+            counters["DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL"][node, gpu] += rng.integers(
+                50, 500
+            )
+            counters["DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL"][node, gpu] += rng.integers(
+                1, 10
+            )
+            counters["DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"][node, gpu] += rng.integers(
+                100, 5000
+            )
+            counters["DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL"][node, gpu] += rng.integers(
+                10, 500
+            )
+        elif effect == Effect.HBM_ECC:
+            for name in (
+                "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+                "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+                "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+            ):
+                counters[name][node, gpu] += 1
+            counters["DCGM_FI_DEV_ROW_REMAP_PENDING"][node, gpu] = 1
+            if episode.xid == 64:
+                counters["DCGM_FI_DEV_ROW_REMAP_FAILURE"][node, gpu] = 1
+        elif effect == Effect.SRAM_ECC:
+            counters["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"][node, gpu] += 1
+            counters["DCGM_FI_DEV_ECC_DBE_AGG_TOTAL"][node, gpu] += 1
+        elif effect in (Effect.NODE_DOWN, Effect.POWER_BRAKE):
+            self.node_down[node] = True
+        if cause.excludes_node:
+            self.excluded[node] = True
+
+    def _xid_storm(self, episode: Episode, start: float, end: float) -> None:
+        assert episode.node is not None and episode.gpu is not None
+        period = float(episode.details.get("period", 30.0))
+        count = int(episode.details.get("count", 12))
+        xid = episode.xid or 94
+        fired = self._storms.get(episode.id, 0.0)
+        while fired < count:
+            when = episode.start + fired * period
+            if when >= end:
+                break
+            if when >= start:
+                self._record_xid(episode.node, episode.gpu, xid, when)
+            fired += 1
+        self._storms[episode.id] = fired
+
+    def _ecc_degradation(self, episode: Episode, start: float, end: float) -> None:
+        """Correctable remaps climb; at 70% an uncorrectable error; at the end remapping fails."""
+        assert episode.node is not None and episode.gpu is not None
+        node, gpu = episode.node, episode.gpu
+        span = max(1.0, episode.end - episode.start)
+        counters = self.counters
+        climb_end = episode.start + 0.7 * span
+        climbed = min(end, climb_end) - max(start, episode.start)
+        if climbed > 0:
+            counters["DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS"][node, gpu] += self.rng.poisson(
+                climbed / 120.0
+            )
+            counters["DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"][node, gpu] += self.rng.poisson(climbed / 20.0)
+        if start <= climb_end < end:
+            self._record_xid(node, gpu, 48, climb_end)
+            for name in (
+                "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+                "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+                "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+            ):
+                counters[name][node, gpu] += 1
+            counters["DCGM_FI_DEV_ROW_REMAP_PENDING"][node, gpu] = 1
+        if start <= episode.end < end:
+            self._record_xid(node, gpu, 64, episode.end)
+            counters["DCGM_FI_DEV_ROW_REMAP_FAILURE"][node, gpu] = 1
+
+    def _continuous_effects(self, start: float, end: float, dt: float) -> None:
+        rng = self.rng
+        slowdown = np.ones((self.nodes, self.gpus))
+        throttle = np.zeros((self.nodes, self.gpus), dtype=np.int64)
+        self.nvml_hung[:] = False
+        still_active = []
+        for episode in self._active:
+            if episode.end <= start and episode.kind != Kind.FAIL_STOP:
+                continue
+            if episode.kind == Kind.FAIL_STOP and episode.end <= start:
+                continue
+            still_active.append(episode)
+            share = max(0.0, min(episode.end, end) - max(episode.start, start)) / dt
+            node, gpu = episode.node, episode.gpu
+            if episode.kind == Kind.FAIL_SLOW_COMPUTE and node is not None and gpu is not None:
+                slowdown[node, gpu] *= 1.0 + (episode.magnitude - 1.0) * share
+            elif episode.kind == Kind.PRECURSOR and node is not None and gpu is not None:
+                signal = episode.details.get("signal")
+                if signal == "remaps":
+                    self.counters["DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS"][node, gpu] += (
+                        rng.poisson(share * dt / 1800.0)
+                    )
+                else:
+                    self.counters["DCGM_FI_DEV_PCIE_REPLAY_COUNTER"][node, gpu] += rng.poisson(
+                        share * dt / 60.0
+                    )
+            elif episode.kind == Kind.NVLINK_FLAPPING and node is not None and gpu is not None:
+                if share > 0 and rng.random() < 0.5:
+                    self.counters["DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL"][node, gpu] += (
+                        rng.integers(5, 60)
+                    )
+                    self.counters["DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL"][node, gpu] += 1
+                    if rng.random() < 0.2:
+                        self._record_xid(node, gpu, 74, start)
+            elif episode.kind == Kind.FAIL_STOP and node is not None:
+                self._fail_stop_window(episode, start, end, slowdown, throttle)
+        self._active = still_active
+        self.slowdown = slowdown
+        self.throttle = throttle
+
+    def _fail_stop_window(
+        self,
+        episode: Episode,
+        start: float,
+        end: float,
+        slowdown: np.ndarray,
+        throttle: np.ndarray,
+    ) -> None:
+        assert episode.node is not None and episode.gpu is not None and episode.cause
+        effect = CAUSES_BY_NAME[episode.cause].effect
+        node, gpu = episode.node, episode.gpu
+        slow_from = episode.details.get("slowdown_from")
+        if isinstance(slow_from, float) and slow_from < end and start < episode.start:
+            if effect == Effect.THERMAL:
+                throttle[node, gpu] |= HW_THERMAL | HW_SLOWDOWN
+                slowdown[node, gpu] *= 1.45
+            else:
+                throttle[node, :] |= HW_POWER_BRAKE | HW_SLOWDOWN
+                slowdown[node, :] *= 1.3
+        hang_from = episode.details.get("hang_from")
+        if isinstance(hang_from, float) and hang_from < end and start < episode.end:
+            self.nvml_hung[node] = True
+
+    def _repairs(self, start: float, end: float) -> None:
+        for exclusion in self.timeline.exclusions:
+            if start <= exclusion.end < end:
+                node = exclusion.node
+                self.excluded[node] = False
+                self.node_down[node] = False
+                self.gpu_lost[node, :] = False
+                self.counters["DCGM_FI_DEV_ROW_REMAP_PENDING"][node, :] = 0
+                for name in _VOLATILE:
+                    self.counters[name][node, :] = 0
+                # The node was rebooted: its agent starts afresh.
+                self.training.reset_node(node)
+                for gpu in range(self.gpus):
+                    self.xids.pop((node, gpu), None)
+
+    # -- training ---------------------------------------------------------------------
+
+    def _global_factor(self, start: float, end: float, dt: float) -> float:
+        conf = self.scenario.confounders
+        middle = (start + end) / 2
+        diurnal = 1.0 + conf.diurnal_amplitude * math.sin(
+            2 * math.pi * (middle % 86400.0) / 86400.0
+        )
+        sequence = float(
+            np.exp(self.rng.normal(0.0, conf.seq_len_sigma / math.sqrt(max(1.0, dt / 5))))
+        )
+        factor = diurnal * sequence
+        for episode in self._active:
+            if episode.kind == Kind.CLUSTER_SLOWDOWN:
+                share = max(0.0, min(episode.end, end) - max(episode.start, start)) / dt
+                factor *= 1.0 + (episode.magnitude - 1.0) * share
+        return factor
+
+    def _comm_factor(self, start: float, end: float, dt: float) -> float:
+        factor = 1.0
+        for episode in self._active:
+            if episode.kind == Kind.FAIL_SLOW_COMM and episode.node is not None:
+                if self.excluded[episode.node]:
+                    continue
+                share = max(0.0, min(episode.end, end) - max(episode.start, start)) / dt
+                factor = max(factor, 1.0 + (episode.magnitude - 1.0) * share)
+        return factor
+
+    def _data_wait(self, start: float, end: float, dt: float) -> np.ndarray:
+        extra = np.zeros(self.nodes)
+        for episode in self._active:
+            if episode.kind == Kind.DATA_LOADER_STALL and episode.node is not None:
+                share = max(0.0, min(episode.end, end) - max(episode.start, start)) / dt
+                extra[episode.node] += episode.magnitude * share
+        return self.data_base + extra
+
+    def _blocked(
+        self, windows: list[Window], start: float, end: float
+    ) -> tuple[float, float | None]:
+        """Seconds of [start, end) inside windows, and the time progress last happened."""
+        blocked = 0.0
+        last_free: float | None = end
+        for window in windows:
+            if window.end <= start or window.start >= end:
+                continue
+            blocked += window.overlap(start, end)
+            if window.start <= end <= window.end or window.start < end < window.end:
+                last_free = window.start if window.start > start else None
+        return min(blocked, end - start), last_free
+
+    def _train(self, start: float, end: float, dt: float) -> None:
+        timeline = self.timeline
+        stalled, last_free = self._blocked(timeline.stalls, start, end)
+        checkpointing, last_free_ck = self._blocked(timeline.checkpoints, start, end)
+        evaluating, _ = self._blocked(timeline.evals, start, end)
+        train_time = max(0.0, dt - stalled - checkpointing - evaluating)
+        eval_time = max(0.0, min(evaluating, dt - stalled))
+        active = ~self.excluded & ~self.node_down
+        t = self.training
+        if not active.any():
+            self.training_now = False
+            return
+
+        gc = (
+            self.rng.random(self.nodes)
+            < self.scenario.confounders.gc_pauses_per_node_hour * dt / 3600
+        )
+        gc_gpu = self.rng.integers(self.gpus, size=self.nodes)
+        compute = (
+            self.stage_compute[:, None]
+            * self.gpu_speed
+            * self.slowdown
+            * self._global_factor(start, end, dt)
+        )
+        compute[gc, gc_gpu[gc]] *= 1.0 + self.rng.uniform(0.02, 0.08, int(gc.sum()))
+        compute *= 1.0 + self.rng.normal(0.0, 0.003, compute.shape)
+        data = self._data_wait(start, end, dt)
+        per_rank = compute + data[:, None]
+        step_time = float(per_rank[active].max()) + self.comm_base * self._comm_factor(
+            start, end, dt
+        )
+        self.step_time = step_time
+        comm = step_time - per_rank
+
+        steps_float = train_time / step_time + self._carry
+        steps = int(steps_float)
+        self._carry = steps_float - steps
+        eval_float = eval_time / (0.4 * step_time) + self._eval_carry
+        evals = int(eval_float)
+        self._eval_carry = eval_float - evals
+        self.training_now = train_time > 0.5 * dt
+        gpus = self.gpus
+        if steps:
+            self._count_steps(active, steps, compute, data, comm, step_time=step_time)
+        if evals:
+            t.eval_steps[active] += evals * gpus
+            t.eval_seconds[active] += evals * gpus * 0.4 * step_time
+        progressed = steps > 0 or evals > 0
+        if progressed:
+            when = end
+            for candidate in (last_free, last_free_ck):
+                if candidate is not None and candidate < when:
+                    when = candidate
+            t.last_step_time[active] = when
+            t.ranks[active] = gpus
+        t.ranks[~active] = 0
+
+    def _count_steps(
+        self,
+        active: np.ndarray,
+        steps: int,
+        compute: np.ndarray,
+        data: np.ndarray,
+        comm: np.ndarray,
+        *,
+        step_time: float,
+    ) -> None:
+        """Add ``steps`` lock-step steps to every active node's counters."""
+        t = self.training
+        gpus = self.gpus
+        a = active
+        t.steps[a] += steps * gpus
+        t.step_seconds[a] += steps * gpus * step_time
+        t.compute[a] += steps * compute[a].sum(axis=1)
+        t.data_wait[a] += steps * gpus * data[a]
+        t.comm_wait[a] += steps * comm[a].sum(axis=1)
+        t.tokens[a] += steps * gpus * self.spec.tokens_per_rank_step
+        t.slowest_compute[a] += steps * compute[a].max(axis=1)
+        t.slowest_steps[a] += steps
+        t.rank_compute[a] += steps * compute[a]
+        t.rank_steps[a] += steps
+        t.buckets[a, bisect.bisect_left(self.bucket_bounds, step_time)] += steps * gpus
+        self.step_number += steps
+
+    def _checkpoints(self, start: float, end: float) -> None:
+        t = self.training
+        active = ~self.excluded & ~self.node_down
+        gpus = self.gpus
+        t.ckpt_in_flight[:] = 0
+        for window in self.timeline.checkpoints:
+            if window.start <= end < window.end:
+                t.ckpt_in_flight[active] = gpus
+            if start <= window.end < end:
+                queue, service = (float(part) for part in window.reason.split(":"))
+                t.ckpt_ok[active] += gpus
+                t.ckpt_queue[active] += gpus * queue
+                t.ckpt_service[active] += gpus * service
+                t.ckpt_bytes[active] += self.spec.checkpoint_bytes_per_node
+
+    # -- what a node's agent would see -----------------------------------------------
+
+    def _power_watts(self) -> np.ndarray:
+        load = 0.97 if self.training_now else 0.08
+        return 75.0 + (self.gpu_power_base - 75.0) * load / np.maximum(self.slowdown, 1.0)
+
+    def agent_alive(self, node: int) -> bool:
+        return not self.node_down[node]
+
+    def training_visible(self, node: int) -> bool:
+        """Whether the node's agent still holds the job (it forgets it after its TTL)."""
+        last = float(self.training.last_step_time[node])
+        return last > 0 and self.now - last <= AGENT_TTL_S
+
+    def gpu_values(self, node: int, gpu: int) -> dict[str, float]:
+        """DCGM field values of one GPU, as the agent's reader would produce them."""
+        load = 0.97 if self.training_now and not self.excluded[node] else 0.05
+        slow = float(self.slowdown[node, gpu])
+        watts = float(self._power_watts()[node, gpu]) if load > 0.5 else 72.0
+        values = {
+            "DCGM_FI_DEV_SM_CLOCK": round(1980.0 / slow),
+            "DCGM_FI_DEV_MEM_CLOCK": 2619.0,
+            "DCGM_FI_DEV_GPU_TEMP": round(30 + watts / 20),
+            "DCGM_FI_DEV_MEMORY_TEMP": round(36 + watts / 18),
+            "DCGM_FI_DEV_POWER_USAGE": round(watts, 3),
+            "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": float(self.energy_mj[node, gpu]),
+            "DCGM_FI_DEV_GPU_UTIL": round(100 * load),
+            "DCGM_FI_DEV_MEM_COPY_UTIL": round(45 * load),
+            "DCGM_FI_DEV_FB_FREE": 6400.0 if load > 0.5 else 80993.0,
+            "DCGM_FI_DEV_FB_USED": 74593.0 if load > 0.5 else 0.0,
+            "DCGM_FI_DEV_FB_RESERVED": 566.0,
+            "DCGM_FI_PROF_PCIE_TX_BYTES": 3.1e6 * load,
+            "DCGM_FI_PROF_PCIE_RX_BYTES": 2.9e6 * load,
+            "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": float(self.throttle[node, gpu]),
+            "DCGM_FI_DEV_POWER_VIOLATION": 0.0,
+            "DCGM_FI_DEV_THERMAL_VIOLATION": 0.0,
+            "DCGM_FI_PROF_SM_ACTIVE": round(0.9 * load / slow, 4),
+            "DCGM_FI_PROF_SM_OCCUPANCY": round(0.35 * load, 4),
+            "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": round(0.55 * load / slow, 4),
+            "DCGM_FI_PROF_DRAM_ACTIVE": round(0.42 * load, 4),
+            "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": float(self.now - self.start) * 4.6e7,
+            "gpufleet_gpu_recovery_action": 2.0 if self.excluded[node] else 0.0,
+        }
+        for name, array in self.counters.items():
+            values[name] = float(array[node, gpu])
+        return values

@@ -1,0 +1,249 @@
+"""Cluster shape, fault rates, confounders and scenarios (YAML files), all with defaults.
+
+A scenario file overrides any default and may list explicit episodes::
+
+    name: single-straggler
+    description: One GPU runs 25% slow for 15 minutes.
+    cluster: {nodes: 16}
+    rates: {fail_stop_per_1000_node_days: 0}
+    episodes:
+      - {kind: fail_slow_compute, node: 5, gpu: 3, start: 2m, duration: 15m, magnitude: 1.25}
+
+Times are relative to the start of the simulation ("90s", "2m", "1h", "1d" or
+seconds); nodes are indices or names (``node-005``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field, fields, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpufleet.simulate.faults import CAUSES_BY_NAME, Kind
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+class ScenarioError(ValueError):
+    """A scenario file or flag is unusable; the message says where and why."""
+
+
+def parse_duration(value: Any, where: str = "duration") -> float:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    match = _DURATION.match(str(value))
+    if not match:
+        raise ScenarioError(f"{where}: {value!r} is not a duration like 90s, 15m, 2h or 1d")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    dp: int
+    pp: int
+    tp: int
+
+    @classmethod
+    def parse(cls, text: str) -> Layout:
+        parts = re.split(r"\s*[x×*]\s*", text.strip())  # noqa: RUF001 - the multiplication sign is accepted too
+        if len(parts) != 3 or not all(part.isdigit() and int(part) > 0 for part in parts):
+            raise ScenarioError(f"layout {text!r} is not DPxPPxTP, for example 8x4x8")
+        dp, pp, tp = (int(part) for part in parts)
+        return cls(dp, pp, tp)
+
+    def __str__(self) -> str:
+        return f"{self.dp}x{self.pp}x{self.tp}"
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSpec:
+    nodes: int = 64
+    gpus_per_node: int = 8
+    layout: str | None = None  # DPxPPxTP; default: TP = GPUs per node, PP up to 4
+    job: str = "sim-llm"
+    step_seconds: float = 2.0  # healthy lock-step step time
+    compute_share: float = 0.72  # of a healthy step; the rest is data and collectives
+    data_share: float = 0.03
+    last_stage_skew: float = 0.12  # the last pipeline stage computes longer (loss, head)
+    tokens_per_rank_step: int = 16384
+    checkpoint_interval_s: float = 1800.0
+    checkpoint_bytes_per_node: float = 16e9
+    eval_interval_s: float = 7200.0
+    eval_duration_s: float = 300.0
+    # Shared storage: request slots, per-slot bandwidth, requests each writer keeps in flight.
+    storage_slots: int = 64
+    storage_slot_bytes_per_s: float = 0.5e9
+    requests_per_writer: int = 16
+
+    def resolved_layout(self) -> Layout:
+        ranks = self.nodes * self.gpus_per_node
+        if self.layout:
+            layout = Layout.parse(self.layout)
+            if layout.dp * layout.pp * layout.tp != ranks:
+                raise ScenarioError(
+                    f"layout {layout} has {layout.dp * layout.pp * layout.tp} ranks; "
+                    f"{self.nodes} nodes x {self.gpus_per_node} GPUs have {ranks}"
+                )
+            return layout
+        tp = self.gpus_per_node
+        pp = next(p for p in (4, 2, 1) if self.nodes % p == 0)
+        return Layout(ranks // (tp * pp), pp, tp)
+
+
+@dataclass(frozen=True, slots=True)
+class FaultRates:
+    fail_stop_per_1000_node_days: float = 8.0
+    bad_node_fraction: float = 0.05  # at least 3 nodes
+    bad_node_multiplier: float = 30.0  # how much more often bad nodes fail
+    fail_slow_compute_per_node_day: float = 0.02
+    fail_slow_comm_per_node_day: float = 0.01
+    compute_slowdown_min: float = 1.10
+    compute_slowdown_max: float = 1.30
+    compute_mean_minutes: float = 10.0
+    comm_mean_minutes: float = 24.0
+    comm_slowdown_min: float = 1.05
+    comm_slowdown_max: float = 1.20
+    auto_retry_success: float = 0.8
+    auto_restart_minutes_min: float = 5.0
+    auto_restart_minutes_max: float = 15.0
+    manual_restart_minutes_min: float = 30.0
+    manual_restart_minutes_max: float = 120.0
+    repair_hours_median: float = 4.0
+    precursor_hours_min: float = 2.0
+    precursor_hours_max: float = 12.0
+
+
+@dataclass(frozen=True, slots=True)
+class Confounders:
+    data_loader_stalls_per_hour: float = 6.0  # cluster-wide, each on a random node
+    data_loader_stall_seconds_min: float = 30.0
+    data_loader_stall_seconds_max: float = 120.0
+    gc_pauses_per_node_hour: float = 2.0
+    seq_len_sigma: float = 0.03
+    diurnal_amplitude: float = 0.015
+    cluster_slowdowns_per_day: float = 0.5
+    cluster_slowdown: float = 1.15
+    checkpoints: bool = True
+    evals: bool = True
+    stage_skew: bool = True
+
+
+@dataclass(slots=True)
+class Scenario:
+    name: str = "realistic-week"
+    description: str = ""
+    cluster: ClusterSpec = field(default_factory=ClusterSpec)
+    rates: FaultRates = field(default_factory=FaultRates)
+    confounders: Confounders = field(default_factory=Confounders)
+    episodes: list[dict[str, Any]] = field(default_factory=list)
+
+    def with_cluster(self, **overrides: Any) -> Scenario:
+        given = {key: value for key, value in overrides.items() if value is not None}
+        return replace(self, cluster=replace(self.cluster, **given))
+
+
+def _overrides(section: Any, cls: type[Any], where: str) -> Any:
+    if section is None:
+        return cls()
+    if not isinstance(section, dict):
+        raise ScenarioError(f"{where}: expected a mapping of settings")
+    known = {f.name: f for f in fields(cls)}
+    values = {}
+    for key, raw in section.items():
+        value = raw
+        if key not in known:
+            raise ScenarioError(
+                f"{where}.{key}: unknown setting; known: {', '.join(sorted(known))}"
+            )
+        default = known[key].default
+        if isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise ScenarioError(f"{where}.{key}: {value!r} is not true or false")
+        elif isinstance(default, int | float) and not isinstance(value, int | float):
+            value = parse_duration(value, f"{where}.{key}") if key.endswith("_s") else value
+            if not isinstance(value, int | float):
+                raise ScenarioError(f"{where}.{key}: {value!r} is not a number")
+        values[key] = value
+    return cls(**values)
+
+
+_EPISODE_KEYS = {"kind", "node", "gpu", "start", "duration", "end", "cause", "xid", "magnitude"}
+
+
+def _check_episode(episode: Any, index: int) -> dict[str, Any]:
+    where = f"episodes[{index}]"
+    if not isinstance(episode, dict):
+        raise ScenarioError(f"{where}: expected a mapping")
+    unknown = set(episode) - _EPISODE_KEYS - {"count", "period"}
+    if unknown:
+        raise ScenarioError(f"{where}: unknown keys {sorted(unknown)}")
+    kinds = {str(kind) for kind in Kind}
+    if episode.get("kind") not in kinds:
+        raise ScenarioError(f"{where}.kind: {episode.get('kind')!r} is not one of {sorted(kinds)}")
+    if episode["kind"] == Kind.FAIL_STOP and episode.get("cause") not in CAUSES_BY_NAME:
+        raise ScenarioError(
+            f"{where}.cause: {episode.get('cause')!r} is not one of {sorted(CAUSES_BY_NAME)}"
+        )
+    checked = dict(episode)
+    checked["start"] = parse_duration(episode.get("start", 0), f"{where}.start")
+    if "duration" in episode:
+        checked["duration"] = parse_duration(episode["duration"], f"{where}.duration")
+    if "period" in episode:
+        checked["period"] = parse_duration(episode["period"], f"{where}.period")
+    return checked
+
+
+def load_scenario(source: str) -> Scenario:
+    """A scenario by name (bundled) or by path to a YAML file."""
+    path = Path(source)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as error:
+            raise ScenarioError(f"cannot read scenario {source}: {error}") from None
+    else:
+        bundled = resources.files("gpufleet.simulate").joinpath(f"scenarios/{source}.yaml")
+        if not bundled.is_file():
+            raise ScenarioError(
+                f"no scenario named {source!r}; bundled: {', '.join(scenario_names())}"
+            )
+        text = bundled.read_text(encoding="utf-8")
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as error:
+        raise ScenarioError(f"scenario {source}: not valid YAML: {error}") from None
+    if not isinstance(data, dict):
+        raise ScenarioError(f"scenario {source}: expected a mapping at the top")
+    unknown = set(data) - {"name", "description", "cluster", "rates", "confounders", "episodes"}
+    if unknown:
+        raise ScenarioError(f"scenario {source}: unknown sections {sorted(unknown)}")
+    episodes = data.get("episodes") or []
+    if not isinstance(episodes, list):
+        raise ScenarioError(f"scenario {source}: episodes must be a list")
+    return Scenario(
+        name=str(data.get("name", Path(source).stem)),
+        description=str(data.get("description", "")).strip(),
+        cluster=_overrides(data.get("cluster"), ClusterSpec, "cluster"),
+        rates=_overrides(data.get("rates"), FaultRates, "rates"),
+        confounders=_overrides(data.get("confounders"), Confounders, "confounders"),
+        episodes=[_check_episode(episode, i) for i, episode in enumerate(episodes)],
+    )
+
+
+def scenario_names() -> list[str]:
+    folder = resources.files("gpufleet.simulate").joinpath("scenarios")
+    return sorted(
+        entry.name.removesuffix(".yaml")
+        for entry in folder.iterdir()
+        if entry.name.endswith(".yaml")
+    )
+
+
+def describe(value: Any) -> dict[str, Any]:
+    return dataclasses.asdict(value)

@@ -1,0 +1,205 @@
+"""The fault model: causes of fail-stop interruptions, their signatures, and episodes.
+
+Cause shares follow the Llama 3 report (419 unexpected interruptions in 54
+days on 16,384 GPUs): faulty GPU incl. NVLink 30%, HBM 17%, software 13%,
+network 8%, host 8%, SRAM 5%, GSP 4%, then small shares for NIC, NCCL
+timeouts, silent data corruption, thermal, SSD and PSU. Each cause leaves the
+signature NVIDIA documents for it on the metrics (XID codes, ECC and remap
+counters, a GPU or node vanishing, the job stalling), and names the alerts that
+should fire for it: the contract between the simulator's ground truth and the
+rules in ``alerts/``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class Alert(StrEnum):
+    """Alert names the ground truth expects; alerts/ implements them under these names."""
+
+    CRITICAL_XID = "GpuFleetCriticalXid"
+    APPLICATION_XID = "GpuFleetApplicationXid"
+    GPU_LOST = "GpuFleetGpuLost"
+    GPU_MISSING = "GpuFleetGpuMissing"
+    ECC_UNCORRECTABLE = "GpuFleetEccUncorrectable"
+    ROW_REMAP_FAILURE = "GpuFleetRowRemapFailure"
+    ROW_REMAP_PENDING = "GpuFleetRowRemapPending"
+    REMAPS_CLIMBING = "GpuFleetCorrectableRemapsClimbing"
+    NVLINK_ERRORS = "GpuFleetNvlinkErrors"
+    PCIE_REPLAYS = "GpuFleetPcieReplays"
+    HW_SLOWDOWN = "GpuFleetHwSlowdown"
+    AGENT_DOWN = "GpuFleetAgentDown"
+    TELEMETRY_COLLAPSE = "GpuFleetTelemetryCollapse"
+    NODE_HEALTH = "GpuFleetNodeHealthDegraded"
+    STRAGGLER = "GpuFleetStragglerNode"
+    SLOWER_THAN_BASELINE = "GpuFleetNodeSlowerThanBaseline"
+    JOB_SLOWDOWN = "GpuFleetJobSlowdown"
+    STAGE_IMBALANCE = "GpuFleetStageImbalance"
+    JOB_HUNG = "GpuFleetJobHung"
+    DATA_LOADER_STALL = "GpuFleetDataLoaderStall"
+    CHECKPOINT_QUEUE_BOUND = "GpuFleetCheckpointQueueBound"
+    CHECKPOINT_SLOW = "GpuFleetCheckpointSlow"
+    RESTORE_SLOW = "GpuFleetRestoreSlow"
+
+
+class Scope(StrEnum):
+    NODE = "node"  # a page for the node is expected
+    JOB = "job"  # the job is affected; no single node can be blamed from telemetry
+    NONE = "none"  # invisible to telemetry (e.g. silent data corruption)
+
+
+class Effect(StrEnum):
+    GPU_LOST = "gpu_lost"  # the GPU falls off the bus / stops answering NVML
+    GPU_ERROR = "gpu_error"  # an XID; the GPU keeps answering
+    NVLINK = "nvlink"  # XID 74 with NVLink error counters jumping
+    HBM_ECC = "hbm_ecc"  # uncorrectable ECC, a row remapped (pending until reset)
+    SRAM_ECC = "sram_ecc"  # uncorrectable ECC in SRAM (no row remap)
+    NVML_HANG = "nvml_hang"  # NVML stops answering on the node: telemetry collapses
+    NODE_DOWN = "node_down"  # the host dies: the agent stops answering
+    JOB_STALL = "job_stall"  # the job hangs or crashes; the node looks fine
+    THERMAL = "thermal"  # HW thermal slowdown for a while, then the job fails
+    POWER_BRAKE = "power_brake"  # HW power-brake slowdown, then the host dies
+    SILENT = "silent"  # nothing on the metrics
+
+
+@dataclass(frozen=True, slots=True)
+class Cause:
+    name: str
+    category: str
+    weight: float  # percent of fail-stop interruptions
+    effect: Effect
+    xids: tuple[tuple[int, float], ...]  # (XID code, probability it is the one emitted)
+    scope: Scope
+    expected_alerts: tuple[Alert, ...]
+    excludes_node: bool
+    precursor: str | None = None  # "remaps" or "pcie_replays", seen before some failures
+    precursor_probability: float = 0.0
+
+
+# Percentages after Llama 3 (Table 5); "faulty GPU incl. NVLink" split three ways.
+CAUSES: tuple[Cause, ...] = (
+    Cause(
+        "gpu_fell_off_bus", "faulty_gpu", 12.0, Effect.GPU_LOST, ((79, 1.0),), Scope.NODE,
+        (Alert.CRITICAL_XID, Alert.GPU_LOST, Alert.GPU_MISSING), True, "pcie_replays", 0.3,
+    ),
+    Cause(
+        "gpu_internal_error", "faulty_gpu", 10.0, Effect.GPU_ERROR, ((62, 0.5), (140, 0.5)),
+        Scope.NODE, (Alert.CRITICAL_XID,), True,
+    ),
+    Cause(
+        "nvlink", "faulty_gpu", 8.0, Effect.NVLINK, ((74, 1.0),), Scope.NODE,
+        (Alert.CRITICAL_XID, Alert.NVLINK_ERRORS), True,
+    ),
+    Cause(
+        "hbm", "hbm", 17.0, Effect.HBM_ECC, ((48, 0.4), (94, 0.2), (95, 0.25), (64, 0.15)),
+        Scope.NODE,
+        (Alert.CRITICAL_XID, Alert.ECC_UNCORRECTABLE, Alert.ROW_REMAP_PENDING,
+         Alert.ROW_REMAP_FAILURE),
+        True, "remaps", 0.3,
+    ),
+    Cause(
+        "software", "software", 13.0, Effect.JOB_STALL, ((13, 0.5), (31, 0.3), (43, 0.2)),
+        Scope.JOB, (Alert.APPLICATION_XID, Alert.JOB_HUNG), False,
+    ),
+    Cause(
+        "network", "network", 8.0, Effect.JOB_STALL, (), Scope.JOB, (Alert.JOB_HUNG,), False
+    ),
+    Cause("host", "host", 8.0, Effect.NODE_DOWN, (), Scope.NODE, (Alert.AGENT_DOWN,), True),
+    Cause(
+        "sram", "sram", 5.0, Effect.SRAM_ECC, ((95, 0.7), (48, 0.3)), Scope.NODE,
+        (Alert.CRITICAL_XID, Alert.ECC_UNCORRECTABLE), True,
+    ),
+    Cause(
+        "gsp", "gsp", 4.0, Effect.NVML_HANG, ((119, 0.6), (120, 0.4)), Scope.NODE,
+        (Alert.CRITICAL_XID, Alert.TELEMETRY_COLLAPSE, Alert.GPU_LOST), True,
+    ),
+    Cause("nic", "nic", 1.7, Effect.JOB_STALL, (), Scope.JOB, (Alert.JOB_HUNG,), False),
+    Cause(
+        "nccl_timeout", "nccl_timeout", 1.7, Effect.JOB_STALL, (), Scope.JOB,
+        (Alert.JOB_HUNG,), False,
+    ),
+    Cause("sdc", "sdc", 1.4, Effect.SILENT, (), Scope.NONE, (), False),
+    Cause(
+        "thermal", "thermal", 1.4, Effect.THERMAL, (), Scope.NODE,
+        (Alert.HW_SLOWDOWN, Alert.STRAGGLER), True,
+    ),
+    Cause("ssd", "ssd", 0.7, Effect.NODE_DOWN, (), Scope.NODE, (Alert.AGENT_DOWN,), True),
+    Cause(
+        "psu", "psu", 0.7, Effect.POWER_BRAKE, (), Scope.NODE,
+        (Alert.HW_SLOWDOWN, Alert.AGENT_DOWN), True,
+    ),
+)  # fmt: skip
+CAUSES_BY_NAME = {cause.name: cause for cause in CAUSES}
+
+
+class Kind(StrEnum):
+    FAIL_STOP = "fail_stop"
+    FAIL_SLOW_COMPUTE = "fail_slow_compute"
+    FAIL_SLOW_COMM = "fail_slow_comm"
+    PRECURSOR = "precursor"
+    XID_STORM = "xid_storm"
+    ECC_DEGRADATION = "ecc_degradation"
+    NVLINK_FLAPPING = "nvlink_flapping"
+    # confounders: no fault label, no node page expected
+    DATA_LOADER_STALL = "data_loader_stall"
+    GC_PAUSE = "gc_pause"
+    CLUSTER_SLOWDOWN = "cluster_slowdown"
+    CHECKPOINT = "checkpoint"
+    EVAL = "eval"
+
+
+CONFOUNDERS = frozenset(
+    {Kind.DATA_LOADER_STALL, Kind.GC_PAUSE, Kind.CLUSTER_SLOWDOWN, Kind.CHECKPOINT, Kind.EVAL}
+)
+
+
+@dataclass(slots=True)
+class Episode:
+    """Something that happens to the cluster over [start, end) (Unix seconds)."""
+
+    kind: Kind
+    start: float
+    end: float
+    node: int | None = None
+    gpu: int | None = None
+    cause: str | None = None
+    xid: int | None = None
+    magnitude: float = 0.0
+    expected_alerts: tuple[str, ...] = ()
+    scope: Scope = Scope.NONE
+    details: dict[str, Any] = field(default_factory=dict)
+    id: int = -1
+
+    @property
+    def is_fault(self) -> bool:
+        return self.kind not in CONFOUNDERS
+
+    def record(self, node_names: list[str]) -> dict[str, Any]:
+        data = asdict(self)
+        data["kind"] = str(self.kind)
+        data["scope"] = str(self.scope)
+        data["node"] = node_names[self.node] if self.node is not None else None
+        data["fault"] = self.is_fault
+        data["expected_alerts"] = list(self.expected_alerts)
+        return data
+
+
+def slow_episode_expectations(kind: Kind) -> tuple[tuple[str, ...], Scope]:
+    if kind == Kind.FAIL_SLOW_COMPUTE:
+        return (Alert.STRAGGLER, Alert.SLOWER_THAN_BASELINE), Scope.NODE
+    if kind == Kind.FAIL_SLOW_COMM:
+        # A slow link slows every rank of a lock-step job alike: the job is paged,
+        # attributing it to a node needs network telemetry gpufleet does not have.
+        return (Alert.JOB_SLOWDOWN,), Scope.JOB
+    if kind == Kind.XID_STORM:
+        return (Alert.CRITICAL_XID,), Scope.NODE
+    if kind == Kind.ECC_DEGRADATION:
+        return (Alert.REMAPS_CLIMBING, Alert.ROW_REMAP_PENDING, Alert.ECC_UNCORRECTABLE), Scope.NODE
+    if kind == Kind.NVLINK_FLAPPING:
+        return (Alert.NVLINK_ERRORS, Alert.CRITICAL_XID), Scope.NODE
+    if kind == Kind.PRECURSOR:
+        return (Alert.REMAPS_CLIMBING, Alert.PCIE_REPLAYS), Scope.NODE
+    return (), Scope.NONE

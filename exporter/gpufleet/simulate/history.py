@@ -1,0 +1,409 @@
+"""Multi-day history of a simulated cluster, as OpenMetrics for promtool, with ground truth.
+
+``promtool tsdb create-blocks-from openmetrics FILE DIR`` turns each written
+file into TSDB blocks; the ground truth lists every injected episode (node,
+GPU, kind, cause, start, end, and the alerts that should fire).
+
+What is written: the series the rules read, with the labels a live Prometheus
+would store (``job="gpufleet-agent"``, ``instance`` = node): ``up``, per-GPU
+``gpufleet_gpu_up``, the node's GPU counts and collector health, the training
+and checkpoint counters, and the error counters, XIDs and throttle flags of
+every GPU the timeline ever touches. Error counters of GPUs that stay healthy
+for the whole history would be constant zeros; they are left out to keep the
+history small, which changes no rule result: every hardware rule asks for a
+counter that *rose* or a flag that is *set*.
+
+Nodes are split into shards written by separate processes (one file each);
+every process simulates the whole cluster, which is cheap, and writes only
+its own nodes.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import multiprocessing
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+from gpufleet.gpu.catalogue import GPU_LABELS
+from gpufleet.simulate.cluster import GPU_COUNTERS, HW_POWER_BRAKE, HW_SLOWDOWN, HW_THERMAL, Cluster
+from gpufleet.simulate.config import Scenario
+from gpufleet.simulate.faults import CAUSES_BY_NAME, Effect, Kind
+from gpufleet.simulate.serve import MODEL, PCI_BUS_IDS
+
+JOB_LABEL = "gpufleet-agent"
+_THROTTLE_FLAGS = (
+    ("hw_slowdown", HW_SLOWDOWN),
+    ("hw_thermal_slowdown", HW_THERMAL),
+    ("hw_power_brake_slowdown", HW_POWER_BRAKE),
+)
+_NODE_TRAINING = (
+    # (family, sample suffix, OpenMetrics type, NodeTraining attribute)
+    ("gpufleet_training_steps", "_total", "counter", "steps"),
+    ("gpufleet_training_step_seconds", "_total", "counter", "step_seconds"),
+    ("gpufleet_training_compute_seconds", "_total", "counter", "compute"),
+    ("gpufleet_training_data_wait_seconds", "_total", "counter", "data_wait"),
+    ("gpufleet_training_collective_wait_seconds", "_total", "counter", "comm_wait"),
+    ("gpufleet_training_tokens", "_total", "counter", "tokens"),
+    ("gpufleet_training_slowest_rank_compute_seconds", "_total", "counter", "slowest_compute"),
+    ("gpufleet_training_slowest_rank_steps", "_total", "counter", "slowest_steps"),
+    ("gpufleet_training_last_step_timestamp_seconds", "", "gauge", "last_step_time"),
+    ("gpufleet_training_ranks", "", "gauge", "ranks"),
+)
+_NODE_CHECKPOINT = (
+    ("gpufleet_checkpoint_queue_wait_seconds", "_total", "counter", "ckpt_queue"),
+    ("gpufleet_checkpoint_service_seconds", "_total", "counter", "ckpt_service"),
+    ("gpufleet_checkpoint_bytes", "_total", "counter", "ckpt_bytes"),
+    ("gpufleet_checkpoint_in_flight", "", "gauge", "ckpt_in_flight"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryResult:
+    files: list[Path]
+    ground_truth: Path
+    samples: int
+    seconds: float
+    start: float
+    end: float
+
+
+def touched_gpus(cluster: Cluster) -> list[tuple[int, int]]:
+    """GPUs whose error counters, XIDs or throttle flags ever move in this timeline."""
+    touched: set[tuple[int, int]] = set()
+    for episode in cluster.timeline.episodes:
+        if episode.node is None:
+            continue
+        if (
+            episode.kind
+            in (
+                Kind.FAIL_STOP,
+                Kind.PRECURSOR,
+                Kind.XID_STORM,
+                Kind.ECC_DEGRADATION,
+                Kind.NVLINK_FLAPPING,
+            )
+            and episode.gpu is not None
+        ):
+            touched.add((episode.node, episode.gpu))
+        if episode.cause and CAUSES_BY_NAME[episode.cause].effect == Effect.POWER_BRAKE:
+            touched.update((episode.node, gpu) for gpu in range(cluster.gpus))
+    return sorted(touched)  # fmt: skip
+
+
+class _Recorder:
+    """Per-tick values of the written series, for the nodes of one shard."""
+
+    def __init__(self, cluster: Cluster, nodes: list[int], ticks: int) -> None:
+        self.cluster = cluster
+        self.nodes = nodes
+        self.gpus = cluster.gpus
+        self.times = np.zeros(ticks)
+        count = len(nodes)
+        self.up = np.full((ticks, count), np.nan)
+        self.gpu_up = np.full((ticks, count, cluster.gpus), np.nan)
+        self.seen = np.full((ticks, count), np.nan)
+        self.collector_up = np.full((ticks, count), np.nan)
+        self.node_series = {
+            attr: np.full((ticks, count), np.nan)
+            for _, _, _, attr in _NODE_TRAINING + _NODE_CHECKPOINT
+        }
+        self.ckpt_ok = np.full((ticks, count), np.nan)
+        mine = self.mine = set(nodes)
+        self.touched = [pair for pair in touched_gpus(cluster) if pair[0] in mine]
+        touched = len(self.touched)
+        self.gpu_counters = {name: np.full((ticks, touched), np.nan) for name in GPU_COUNTERS}
+        self.throttle = np.full((ticks, touched), np.nan)
+        self.xid_last = np.full((ticks, touched), np.nan)
+        self.xid_counts: dict[tuple[int, int, int], np.ndarray] = {}
+        self.tick = 0
+
+    def record(self) -> None:
+        cluster = self.cluster
+        tick = self.tick
+        self.times[tick] = cluster.now
+        nodes = self.nodes
+        alive = ~cluster.node_down[nodes]
+        self.up[tick] = alive.astype(float)
+        hung = cluster.nvml_hung[nodes]
+        gpu_up = (~cluster.gpu_lost[nodes] & ~hung[:, None]).astype(float)
+        gpu_up[~alive] = np.nan
+        self.gpu_up[tick] = gpu_up
+        self.seen[tick] = np.where(alive, np.nansum(gpu_up, axis=1), np.nan)
+        self.collector_up[tick] = np.where(alive, (~hung).astype(float), np.nan)
+        training = cluster.training
+        visible = np.array([cluster.training_visible(n) for n in nodes]) & alive
+        for _, _, _, attr in _NODE_TRAINING + _NODE_CHECKPOINT:
+            values = getattr(training, attr)[nodes]
+            self.node_series[attr][tick] = np.where(visible, values, np.nan)
+        self.ckpt_ok[tick] = np.where(visible, training.ckpt_ok[nodes], np.nan)
+        for slot, (node, gpu) in enumerate(self.touched):
+            if cluster.node_down[node] or cluster.gpu_lost[node, gpu] or cluster.nvml_hung[node]:
+                continue
+            for name in GPU_COUNTERS:
+                self.gpu_counters[name][tick, slot] = cluster.counters[name][node, gpu]
+            self.throttle[tick, slot] = cluster.throttle[node, gpu]
+            record = cluster.xids.get((node, gpu))
+            self.xid_last[tick, slot] = record.last if record else 0.0
+        for (node, gpu), record in cluster.xids.items():
+            if node not in self.mine or cluster.node_down[node]:
+                continue
+            for xid, count in record.counts.items():
+                series = self.xid_counts.get((node, gpu, xid))
+                if series is None:
+                    series = self.xid_counts[(node, gpu, xid)] = np.full(len(self.times), np.nan)
+                series[tick] = count
+        self.tick += 1
+
+
+def _labels(pairs: list[tuple[str, str]]) -> str:
+    return ",".join(f'{key}="{value}"' for key, value in pairs)
+
+
+def _gpu_labels(cluster: Cluster, node: int, gpu: int) -> list[tuple[str, str]]:
+    name = cluster.node_names[node]
+    values = (
+        str(gpu),
+        cluster.uuids[node][gpu],
+        f"00000000:{PCI_BUS_IDS[gpu % len(PCI_BUS_IDS)]}:00.0",
+        f"nvidia{gpu}",
+        MODEL,
+        name,
+    )
+    return [*zip(GPU_LABELS, values, strict=True), ("instance", name), ("job", JOB_LABEL)]
+
+
+class _Writer:
+    def __init__(self, handle: TextIO, times: np.ndarray) -> None:
+        self.handle = handle
+        self.stamps = [str(int(t)) for t in times]
+        self.samples = 0
+        self._family: str | None = None
+
+    def family(self, name: str, kind: str, help_text: str) -> None:
+        self.handle.write(f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n")
+
+    def series(self, sample: str, labels: list[tuple[str, str]], values: np.ndarray) -> None:
+        prefix = f"{sample}{{{_labels(labels)}}} "
+        present = np.flatnonzero(~np.isnan(values))
+        if not len(present):
+            return
+        stamps = self.stamps
+        numbers = values[present].tolist()
+        self.handle.write(
+            "".join(
+                f"{prefix}{_number(v)} {stamps[i]}\n"
+                for v, i in zip(numbers, present.tolist(), strict=True)
+            )
+        )
+        self.samples += len(present)
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if value.is_integer() and abs(value) < 1e15 else repr(value)
+
+
+def _write_shard(recorder: _Recorder, path: Path) -> int:
+    cluster = recorder.cluster
+    with open(path, "w", encoding="utf-8", buffering=1 << 20) as handle:
+        out = _Writer(handle, recorder.times)
+        names = [cluster.node_names[n] for n in recorder.nodes]
+        node_labels = [[("instance", name), ("job", JOB_LABEL)] for name in names]
+
+        out.family("up", "gauge", "Whether the node's agent answered its scrape.")
+        for column, labels in enumerate(node_labels):
+            out.series("up", labels, recorder.up[:, column])
+
+        out.family("gpufleet_gpu_up", "gauge", "1 if NVML answers for this GPU.")
+        for column, node in enumerate(recorder.nodes):
+            for gpu in range(cluster.gpus):
+                out.series(
+                    "gpufleet_gpu_up",
+                    _gpu_labels(cluster, node, gpu),
+                    recorder.gpu_up[:, column, gpu],
+                )
+        for family, array in (
+            ("gpufleet_gpus_seen", recorder.seen),
+            ("gpufleet_gpus_expected", None),
+        ):
+            out.family(family, "gauge", "GPUs seen / expected on the node.")
+            for column, name in enumerate(names):
+                values = (
+                    array[:, column]
+                    if array is not None
+                    else np.where(
+                        np.isnan(recorder.up[:, column]) | (recorder.up[:, column] == 0),
+                        np.nan,
+                        cluster.gpus,
+                    )
+                )
+                out.series(family, [("Hostname", name), *node_labels[column]], values)
+        out.family("gpufleet_collector_up", "gauge", "1 if the collector's snapshot is fresh.")
+        for column, labels in enumerate(node_labels):
+            out.series(
+                "gpufleet_collector_up",
+                [("collector", "gpu"), *labels],
+                recorder.collector_up[:, column],
+            )
+
+        job = cluster.spec.job
+        for family, suffix, kind, attr in _NODE_TRAINING:
+            out.family(family, kind, f"See the agent's {family}.")
+            for column, node in enumerate(recorder.nodes):
+                labels = [
+                    ("training_job", job),
+                    ("node", names[column]),
+                    ("pp_stage", str(cluster.stage[node])),
+                    *node_labels[column],
+                ]
+                out.series(family + suffix, labels, recorder.node_series[attr][:, column])
+        out.family("gpufleet_checkpoint_operations", "counter", "Completed checkpoint operations.")
+        for column in range(len(names)):
+            labels = [
+                ("training_job", job),
+                ("node", names[column]),
+                ("op", "save"),
+                ("outcome", "ok"),
+                *node_labels[column],
+            ]
+            out.series("gpufleet_checkpoint_operations_total", labels, recorder.ckpt_ok[:, column])
+        for family, suffix, kind, attr in _NODE_CHECKPOINT:
+            out.family(family, kind, f"See the agent's {family}.")
+            for column in range(len(names)):
+                labels = [
+                    ("training_job", job),
+                    ("node", names[column]),
+                    ("op", "save"),
+                    *node_labels[column],
+                ]
+                out.series(family + suffix, labels, recorder.node_series[attr][:, column])
+
+        for name in GPU_COUNTERS:
+            out.family(name, "unknown", f"dcgm-exporter's {name}.")
+            for slot, (node, gpu) in enumerate(recorder.touched):
+                out.series(
+                    name, _gpu_labels(cluster, node, gpu), recorder.gpu_counters[name][:, slot]
+                )
+        out.family("gpufleet_gpu_clock_throttle_active", "gauge", "1 while clocks are held down.")
+        for slot, (node, gpu) in enumerate(recorder.touched):
+            bits = recorder.throttle[:, slot]
+            for reason, bit in _THROTTLE_FLAGS:
+                flag = np.where(
+                    np.isnan(bits), np.nan, (np.nan_to_num(bits).astype(np.int64) & bit) > 0
+                )
+                labels = [*_gpu_labels(cluster, node, gpu), ("reason", reason)]
+                out.series("gpufleet_gpu_clock_throttle_active", labels, flag.astype(float))
+        out.family("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered.")
+        for slot, (node, gpu) in enumerate(recorder.touched):
+            out.series(
+                "DCGM_FI_DEV_XID_ERRORS",
+                _gpu_labels(cluster, node, gpu),
+                recorder.xid_last[:, slot],
+            )
+        out.family("gpufleet_gpu_xid_errors", "counter", "XID errors per XID code.")
+        for (node, gpu, xid), values in sorted(recorder.xid_counts.items()):
+            labels = [*_gpu_labels(cluster, node, gpu), ("xid", str(xid))]
+            out.series("gpufleet_gpu_xid_errors_total", labels, values)
+        handle.write("# EOF\n")
+        return out.samples  # fmt: skip
+
+
+def _shard_job(arguments: tuple[Scenario, int, float, float, float, list[int], str]) -> int:
+    scenario, seed, start, end, step, nodes, path = arguments
+    cluster = Cluster(scenario, seed, start, end - start)
+    ticks = int((end - start) // step)
+    recorder = _Recorder(cluster, nodes, ticks)
+    for tick in range(ticks):
+        cluster.advance(start + (tick + 1) * step)
+        recorder.record()
+    return _write_shard(recorder, Path(path))
+
+
+def write_history(
+    scenario: Scenario,
+    seed: int,
+    days: float,
+    out: Path,
+    *,
+    end: float | None = None,
+    step: float = 30.0,
+    shards: int = 2,
+) -> HistoryResult:
+    """Simulate ``days`` ending at ``end`` (default: now) and write OpenMetrics + ground truth."""
+    started = time.monotonic()
+    out.mkdir(parents=True, exist_ok=True)
+    end = float(int(end if end is not None else time.time()))
+    start = end - days * 86400.0
+    nodes = scenario.cluster.nodes
+    shards = max(1, min(shards, nodes))
+    groups = [list(range(nodes))[index::shards] for index in range(shards)]
+    paths = [out / f"history-{index:02d}.om" for index in range(shards)]
+    jobs = [
+        (scenario, seed, start, end, step, group, str(path))
+        for group, path in zip(groups, paths, strict=True)
+    ]
+    if shards == 1:
+        samples = [_shard_job(jobs[0])]
+    else:
+        with multiprocessing.get_context("fork").Pool(shards) as pool:
+            samples = pool.map(_shard_job, jobs)
+    cluster = Cluster(scenario, seed, start, end - start)
+    truth = write_ground_truth(cluster, out, start, end, step)
+    return HistoryResult(paths, truth, sum(samples), time.monotonic() - started, start, end)
+
+
+def ground_truth(cluster: Cluster, start: float, end: float, step: float) -> dict[str, Any]:
+    timeline = cluster.timeline
+    names = cluster.node_names
+    return {
+        "start": start,
+        "end": end,
+        "step_seconds": step,
+        "scenario": cluster.scenario.name,
+        "seed": cluster.seed,
+        "cluster": {
+            "nodes": cluster.nodes,
+            "gpus_per_node": cluster.gpus,
+            "layout": str(cluster.layout),
+            "job": cluster.spec.job,
+            "node_names": names,
+            "pp_stage_of_node": [int(stage) for stage in cluster.stage],
+        },
+        "episodes": [episode.record(names) for episode in timeline.episodes],
+        "exclusions": [
+            {"node": names[e.node], "start": e.start, "end": e.end, "reason": e.reason,
+             "source": e.source, "episode": e.episode}
+            for e in timeline.exclusions
+        ],
+        "attempts": [
+            {"number": a.number, "trigger": a.trigger, "start": a.start, "first_step": a.first_step,
+             "end": a.end, "outcome": a.outcome, "cause": a.cause}
+            for a in timeline.attempts
+        ],
+    }  # fmt: skip
+
+
+def write_ground_truth(cluster: Cluster, out: Path, start: float, end: float, step: float) -> Path:
+    truth = ground_truth(cluster, start, end, step)
+    path = out / "ground_truth.json"
+    path.write_text(json.dumps(truth, indent=1))
+    with open(out / "ground_truth.csv", "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["id", "kind", "fault", "cause", "node", "gpu", "xid", "start", "end",
+                         "magnitude", "scope", "expected_alerts"])  # fmt: skip
+        for row in _rows(truth):
+            writer.writerow(row)
+    return path
+
+
+def _rows(truth: dict[str, Any]) -> Iterator[list[Any]]:
+    for e in truth["episodes"]:
+        alerts = " ".join(e["expected_alerts"])
+        yield [e["id"], e["kind"], e["fault"], e["cause"], e["node"], e["gpu"], e["xid"],
+               e["start"], e["end"], e["magnitude"], e["scope"], alerts]  # fmt: skip

@@ -1,0 +1,459 @@
+"""Everything that will happen to the simulated cluster, drawn up front from a seed.
+
+The timeline is generated once for the whole horizon, so the live simulator
+and the history writer, given the same seed and start, see the same cluster:
+the same failures on the same nodes at the same times.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gpufleet.simulate.config import Scenario, ScenarioError
+from gpufleet.simulate.faults import (
+    CAUSES,
+    CAUSES_BY_NAME,
+    Cause,
+    Effect,
+    Episode,
+    Kind,
+    Scope,
+    slow_episode_expectations,
+)
+
+DAY = 86400.0
+
+
+@dataclass(slots=True)
+class Window:
+    start: float
+    end: float
+    reason: str
+
+    def overlap(self, start: float, end: float) -> float:
+        return max(0.0, min(self.end, end) - max(self.start, start))
+
+
+@dataclass(slots=True)
+class Attempt:
+    """One attempt of the training job: from (re)start to the interruption that ended it."""
+
+    number: int
+    trigger: str  # "initial", "auto" or "manual"
+    start: float
+    first_step: float
+    end: float | None = None
+    outcome: str = "running"  # success, failed, cancelled, running
+    cause: str | None = None
+
+
+@dataclass(slots=True)
+class Exclusion:
+    node: int
+    start: float
+    end: float
+    reason: str
+    source: str  # "auto" (the job's retry logic) or "manual" (an operator)
+    episode: int
+
+
+@dataclass(slots=True)
+class Timeline:
+    start: float
+    end: float
+    episodes: list[Episode] = field(default_factory=list)
+    stalls: list[Window] = field(default_factory=list)  # the job makes no progress
+    exclusions: list[Exclusion] = field(default_factory=list)
+    attempts: list[Attempt] = field(default_factory=list)
+    checkpoints: list[Window] = field(default_factory=list)
+    evals: list[Window] = field(default_factory=list)
+    node_multiplier: np.ndarray = field(default_factory=lambda: np.ones(0))
+
+    def faults(self) -> Iterator[Episode]:
+        return (episode for episode in self.episodes if episode.is_fault)
+
+
+def _pick(rng: np.random.Generator, weighted: tuple[tuple[int, float], ...]) -> int | None:
+    if not weighted:
+        return None
+    codes = [code for code, _ in weighted]
+    weights = np.array([weight for _, weight in weighted])
+    return int(rng.choice(codes, p=weights / weights.sum()))
+
+
+def _poisson_times(rng: np.random.Generator, rate: float, start: float, end: float) -> list[float]:
+    """Event times of a Poisson process with `rate` per second over [start, end)."""
+    if rate <= 0:
+        return []
+    count = rng.poisson(rate * (end - start))
+    return sorted(float(t) for t in rng.uniform(start, end, count))
+
+
+class TimelineBuilder:
+    def __init__(self, scenario: Scenario, seed: int, start: float, end: float) -> None:
+        self.scenario = scenario
+        self.spec = scenario.cluster
+        self.rates = scenario.rates
+        self.confounders = scenario.confounders
+        self.rng = np.random.default_rng(np.random.SeedSequence([seed, 1]))
+        self.timeline = Timeline(start=start, end=end)
+        self.nodes = self.spec.nodes
+        self.gpus = self.spec.gpus_per_node
+        self._excluded: list[list[tuple[float, float]]] = [[] for _ in range(self.nodes)]
+
+    # -- helpers ----------------------------------------------------------------
+
+    def excluded(self, node: int, when: float) -> bool:
+        return any(start <= when < end for start, end in self._excluded[node])
+
+    def stalled(self, when: float) -> bool:
+        return any(w.start <= when < w.end for w in self.timeline.stalls)
+
+    def _add(self, episode: Episode) -> Episode:
+        self.timeline.episodes.append(episode)
+        return episode
+
+    def _node_index(self, value: object, where: str) -> int:
+        if isinstance(value, int) and 0 <= value < self.nodes:
+            return value
+        if isinstance(value, str) and value.startswith("node-") and value[5:].isdigit():
+            index = int(value[5:])
+            if 0 <= index < self.nodes:
+                return index
+        raise ScenarioError(f"{where}: node {value!r} is not in this cluster of {self.nodes}")
+
+    # -- building ---------------------------------------------------------------------
+
+    def build(self) -> Timeline:
+        self._node_multipliers()
+        self._explicit_episodes()
+        self._random_fail_stops()
+        self._random_fail_slow()
+        self._confounders()
+        self._schedule_checkpoints_and_evals()
+        self._attempts()
+        timeline = self.timeline
+        timeline.episodes.sort(key=lambda e: (e.start, e.kind))
+        for number, episode in enumerate(timeline.episodes):
+            episode.id = number
+        timeline.stalls.sort(key=lambda w: w.start)
+        return timeline
+
+    def _node_multipliers(self) -> None:
+        """A few bad nodes fail far more often: failures concentrate, as in production."""
+        rng = self.rng
+        multiplier = rng.lognormal(0.0, 0.3, self.nodes)
+        bad_count = min(self.nodes, max(3, round(self.rates.bad_node_fraction * self.nodes)))
+        bad = rng.choice(self.nodes, size=bad_count, replace=False)
+        multiplier[bad] *= self.rates.bad_node_multiplier
+        self.timeline.node_multiplier = multiplier / multiplier.mean()
+
+    def _explicit_episodes(self) -> None:
+        start = self.timeline.start
+        for index, raw in enumerate(self.scenario.episodes):
+            where = f"episodes[{index}]"
+            kind = Kind(raw["kind"])
+            begin = start + float(raw["start"])
+            node = self._node_index(raw["node"], where) if "node" in raw else None
+            gpu = int(raw["gpu"]) if "gpu" in raw else None
+            if gpu is not None and not 0 <= gpu < self.gpus:
+                raise ScenarioError(f"{where}.gpu: {gpu} is not in 0..{self.gpus - 1}")
+            duration = float(raw.get("duration", 0.0))
+            if kind == Kind.FAIL_STOP:
+                if node is None:
+                    raise ScenarioError(f"{where}: a fail_stop needs a node")
+                cause = CAUSES_BY_NAME[raw["cause"]]
+                self._fail_stop(
+                    node, begin, cause, gpu=gpu, xid=raw.get("xid"), repair=duration or None
+                )
+                continue
+            if kind in (Kind.FAIL_SLOW_COMPUTE, Kind.FAIL_SLOW_COMM) and node is None:
+                raise ScenarioError(f"{where}: a {kind} needs a node")
+            if kind in (Kind.XID_STORM, Kind.ECC_DEGRADATION, Kind.NVLINK_FLAPPING) and (
+                node is None or gpu is None
+            ):
+                raise ScenarioError(f"{where}: a {kind} needs a node and a gpu")
+            expected, scope = slow_episode_expectations(kind)
+            magnitude = float(raw.get("magnitude", self._default_magnitude(kind)))
+            details: dict[str, Any] = {k: raw[k] for k in ("count", "period") if k in raw}
+            if kind == Kind.XID_STORM:
+                details.setdefault("count", 12)
+                details.setdefault("period", 30.0)
+                duration = duration or details["count"] * details["period"]
+            self._add(
+                Episode(
+                    kind,
+                    begin,
+                    begin + duration,
+                    node,
+                    gpu,
+                    raw.get("cause"),
+                    raw.get("xid"),
+                    magnitude,
+                    tuple(expected),
+                    scope,
+                    details,
+                )
+            )
+
+    def _default_magnitude(self, kind: Kind) -> float:
+        return {
+            Kind.FAIL_SLOW_COMPUTE: 1.2,
+            Kind.FAIL_SLOW_COMM: 1.12,
+            Kind.CLUSTER_SLOWDOWN: self.confounders.cluster_slowdown,
+            Kind.DATA_LOADER_STALL: 1.0,
+            Kind.XID_STORM: 1.0,
+        }.get(kind, 1.0)
+
+    def _fail_stop(
+        self,
+        node: int,
+        when: float,
+        cause: Cause,
+        *,
+        gpu: int | None = None,
+        xid: int | None = None,
+        repair: float | None = None,
+    ) -> None:
+        rng = self.rng
+        rates = self.rates
+        if self.excluded(node, when):
+            return
+        gpu = int(rng.integers(self.gpus)) if gpu is None else gpu
+        code = xid if xid is not None else _pick(rng, cause.xids)
+        repair = repair or float(rates.repair_hours_median * 3600 * rng.lognormal(0.0, 0.7))
+        end = when + repair if cause.excludes_node else when
+        details: dict[str, object] = {}
+        if cause.effect in (Effect.THERMAL, Effect.POWER_BRAKE):
+            details["slowdown_from"] = when - float(rng.uniform(600, 1800))
+        if cause.effect == Effect.NVML_HANG:
+            details["hang_from"] = when + 30.0
+        episode = self._add(
+            Episode(
+                Kind.FAIL_STOP,
+                when,
+                end,
+                node,
+                gpu,
+                cause.name,
+                code,
+                1.0,
+                tuple(cause.expected_alerts),
+                cause.scope,
+                details,
+            )
+        )
+        if cause.precursor and rng.random() < cause.precursor_probability:
+            lead = float(rng.uniform(rates.precursor_hours_min, rates.precursor_hours_max)) * 3600
+            expected, scope = slow_episode_expectations(Kind.PRECURSOR)
+            self._add(
+                Episode(
+                    Kind.PRECURSOR,
+                    max(self.timeline.start, when - lead),
+                    when,
+                    node,
+                    gpu,
+                    cause.name,
+                    None,
+                    1.0,
+                    tuple(expected),
+                    scope,
+                    {"signal": cause.precursor},
+                )
+            )
+        if cause.excludes_node:
+            self._excluded[node].append((when, end))
+            self.timeline.exclusions.append(
+                Exclusion(node, when, end, cause.name, "auto", len(self.timeline.episodes) - 1)
+            )
+        if cause.effect != Effect.SILENT and not self.stalled(when):
+            self._interrupt(when, cause.name, episode)
+
+    def _interrupt(self, when: float, cause: str, episode: Episode) -> None:
+        """The job stops; the automatic retry restarts it, or fails and someone does."""
+        rng = self.rng
+        rates = self.rates
+        auto = float(rng.uniform(rates.auto_restart_minutes_min, rates.auto_restart_minutes_max))
+        restart = when + auto * 60
+        retry_works = rng.random() < rates.auto_retry_success
+        if not retry_works:
+            # The automatic attempt dies quickly (e.g. the same fault), then an operator acts.
+            ran = float(rng.uniform(60, 300))
+            manual = float(
+                rng.uniform(rates.manual_restart_minutes_min, rates.manual_restart_minutes_max)
+            )
+            self.timeline.stalls.append(Window(when, restart, f"interrupted: {cause}"))
+            self.timeline.stalls.append(
+                Window(restart + ran, restart + ran + manual * 60, f"retry failed: {cause}")
+            )
+            episode.details["auto_retry"] = "failed"
+            episode.details["restarted_at"] = restart + ran + manual * 60
+        else:
+            self.timeline.stalls.append(Window(when, restart, f"interrupted: {cause}"))
+            episode.details["auto_retry"] = "succeeded"
+            episode.details["restarted_at"] = restart
+
+    def _random_fail_stops(self) -> None:
+        rng = self.rng
+        timeline = self.timeline
+        per_node_rate = self.rates.fail_stop_per_1000_node_days / 1000 / DAY
+        weights = np.array([cause.weight for cause in CAUSES])
+        events: list[tuple[float, int]] = []
+        for node in range(self.nodes):
+            rate = per_node_rate * float(timeline.node_multiplier[node])
+            events += [(t, node) for t in _poisson_times(rng, rate, timeline.start, timeline.end)]
+        for when, node in sorted(events):
+            cause = CAUSES[int(rng.choice(len(CAUSES), p=weights / weights.sum()))]
+            self._fail_stop(node, when, cause)
+
+    def _random_fail_slow(self) -> None:
+        rng = self.rng
+        rates = self.rates
+        timeline = self.timeline
+        for kind, rate_per_day, mean_minutes, low, high in (
+            (
+                Kind.FAIL_SLOW_COMPUTE,
+                rates.fail_slow_compute_per_node_day,
+                rates.compute_mean_minutes,
+                rates.compute_slowdown_min,
+                rates.compute_slowdown_max,
+            ),
+            (
+                Kind.FAIL_SLOW_COMM,
+                rates.fail_slow_comm_per_node_day,
+                rates.comm_mean_minutes,
+                rates.comm_slowdown_min,
+                rates.comm_slowdown_max,
+            ),
+        ):
+            expected, scope = slow_episode_expectations(kind)
+            for node in range(self.nodes):
+                for when in _poisson_times(rng, rate_per_day / DAY, timeline.start, timeline.end):
+                    if self.excluded(node, when):
+                        continue
+                    duration = max(60.0, float(rng.exponential(mean_minutes * 60)))
+                    self._add(
+                        Episode(
+                            kind,
+                            when,
+                            when + duration,
+                            node,
+                            int(rng.integers(self.gpus))
+                            if kind == Kind.FAIL_SLOW_COMPUTE
+                            else None,
+                            None,
+                            None,
+                            float(rng.uniform(low, high)),
+                            tuple(expected),
+                            scope,
+                        )
+                    )
+
+    def _confounders(self) -> None:
+        rng = self.rng
+        conf = self.confounders
+        timeline = self.timeline
+        step = self.spec.step_seconds
+        for when in _poisson_times(
+            rng, conf.data_loader_stalls_per_hour / 3600, timeline.start, timeline.end
+        ):
+            node = int(rng.integers(self.nodes))
+            duration = float(
+                rng.uniform(conf.data_loader_stall_seconds_min, conf.data_loader_stall_seconds_max)
+            )
+            self._add(
+                Episode(Kind.DATA_LOADER_STALL, when, when + duration, node, None,
+                        magnitude=float(rng.uniform(0.5, 1.5)) * step)
+            )  # fmt: skip
+        for when in _poisson_times(
+            rng, conf.cluster_slowdowns_per_day / DAY, timeline.start, timeline.end
+        ):
+            duration = float(rng.uniform(1200, 2400))
+            self._add(
+                Episode(Kind.CLUSTER_SLOWDOWN, when, when + duration,
+                        magnitude=conf.cluster_slowdown, expected_alerts=(), scope=Scope.JOB)
+            )  # fmt: skip
+
+    def _schedule_checkpoints_and_evals(self) -> None:
+        spec = self.spec
+        timeline = self.timeline
+        conf = self.confounders
+        for enabled, interval, first, windows, reason in (
+            (conf.checkpoints, spec.checkpoint_interval_s, 0.5, timeline.checkpoints, "checkpoint"),
+            (conf.evals, spec.eval_interval_s, 0.75, timeline.evals, "eval"),
+        ):
+            if not enabled or interval <= 0:
+                continue
+            when = timeline.start + interval * first
+            while when < timeline.end:
+                # windows are appended in time order: only the last can still be open
+                if not self.stalled(when) and not (windows and windows[-1].end > when):
+                    if reason == "checkpoint":
+                        duration, queue, service = self.checkpoint_cost(when)
+                        windows.append(Window(when, when + duration, f"{queue}:{service}"))
+                        self._add(
+                            Episode(Kind.CHECKPOINT, when, when + duration, magnitude=queue,
+                                    details={"queue_wait_s": queue, "service_s": service,
+                                             "writers": self.writers(when)})
+                        )  # fmt: skip
+                    else:
+                        windows.append(Window(when, when + spec.eval_duration_s, reason))
+                        self._add(Episode(Kind.EVAL, when, when + spec.eval_duration_s))
+                when += interval
+
+    def writers(self, when: float) -> int:
+        return sum(1 for node in range(self.nodes) if not self.excluded(node, when))
+
+    def checkpoint_cost(self, when: float) -> tuple[float, float, float]:
+        """Checkpoint duration, queue wait and service time of one node's write.
+
+        Shared storage serves a fixed number of requests at once; each writer keeps
+        `requests_per_writer` in flight. Below saturation nothing queues; above it,
+        a writer's requests wait for slots and its write stretches with the number
+        of writers, so with tens of writers most of the time is queue wait.
+        """
+        spec = self.spec
+        writers = max(1, self.writers(when))
+        unloaded = spec.checkpoint_bytes_per_node / (
+            spec.requests_per_writer * spec.storage_slot_bytes_per_s
+        )
+        demand = writers * spec.requests_per_writer
+        if demand <= spec.storage_slots:
+            return unloaded, 0.0, unloaded
+        duration = (
+            spec.checkpoint_bytes_per_node
+            * writers
+            / (spec.storage_slots * spec.storage_slot_bytes_per_s)
+        )
+        return duration, duration - unloaded, unloaded
+
+    def _attempts(self) -> None:
+        """Job attempts and their outcomes, from the stall windows."""
+        timeline = self.timeline
+        stalls = sorted(timeline.stalls, key=lambda w: w.start)
+        attempts = [Attempt(1, "initial", timeline.start, timeline.start)]
+        for stall in stalls:
+            current = attempts[-1]
+            if stall.start < current.start:
+                continue
+            current.end = stall.start
+            current.outcome = "failed"
+            current.cause = stall.reason.split(": ", 1)[-1]
+            trigger = "manual" if stall.reason.startswith("retry failed") else "auto"
+            if stall.end < timeline.end:
+                attempts.append(Attempt(len(attempts) + 1, trigger, stall.end, stall.end))
+        timeline.attempts = attempts
+
+
+def build_timeline(scenario: Scenario, seed: int, start: float, end: float) -> Timeline:
+    return TimelineBuilder(scenario, seed, start, end).build()
+
+
+def overlap_fraction(windows: list[Window], start: float, end: float) -> float:
+    if end <= start:
+        return 0.0
+    return min(1.0, sum(w.overlap(start, end) for w in windows) / (end - start))

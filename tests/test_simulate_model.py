@@ -1,0 +1,311 @@
+"""The simulator's fault model and cluster: determinism, statistics, lock-step semantics."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpufleet.simulate.cluster import Cluster
+from gpufleet.simulate.config import (
+    ClusterSpec,
+    Confounders,
+    FaultRates,
+    Layout,
+    Scenario,
+    ScenarioError,
+    load_scenario,
+    parse_duration,
+    scenario_names,
+)
+from gpufleet.simulate.faults import CAUSES, Kind
+from gpufleet.simulate.history import write_history
+from gpufleet.simulate.timeline import TimelineBuilder, build_timeline
+
+START = 1_800_000_000.0
+DAY = 86400.0
+
+
+def quiet(**cluster: object) -> Scenario:
+    """No random faults, no cluster-wide slowdowns: only what a test adds."""
+    return Scenario(
+        cluster=ClusterSpec(**cluster),  # type: ignore[arg-type]
+        rates=FaultRates(
+            fail_stop_per_1000_node_days=0,
+            fail_slow_compute_per_node_day=0,
+            fail_slow_comm_per_node_day=0,
+        ),
+        confounders=Confounders(cluster_slowdowns_per_day=0),
+    )
+
+
+def run(cluster: Cluster, seconds: float, tick: float = 5.0) -> None:
+    for _ in range(int(seconds / tick)):
+        cluster.advance(cluster.now + tick)
+
+
+# -- configuration ------------------------------------------------------------------
+
+
+def test_every_bundled_scenario_loads_and_describes_itself() -> None:
+    names = scenario_names()
+    assert {
+        "healthy", "single-straggler", "gpu-off-bus", "xid-storm", "ecc-degradation",
+        "nvlink-flapping", "checkpoint-storm", "stage-skew", "cluster-slowdown",
+        "realistic-week", "demo",
+    } <= set(names)  # fmt: skip
+    for name in names:
+        scenario = load_scenario(name)
+        assert scenario.description, name
+        Cluster(scenario, 0, START, 3600.0)  # its episodes fit its cluster
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("cluster: {nodez: 4}", "cluster.nodez: unknown setting"),
+        ("rates: {fail_stop_per_1000_node_days: lots}", "is not a number"),
+        ("episodes: [{kind: meltdown}]", "episodes[0].kind: 'meltdown' is not one of"),
+        ("episodes: [{kind: fail_stop, cause: gremlins, node: 1}]", "episodes[0].cause"),
+        ("episodes: [{kind: fail_slow_compute, node: 1, gpu: 0, start: soon}]", "not a duration"),
+        ("episodes: [{kind: fail_slow_compute, node: 99, gpu: 0}]", "node 99 is not in"),
+        ("episodes: [{kind: xid_storm, node: 1}]", "needs a node and a gpu"),
+        ("chaos: true", "unknown sections ['chaos']"),
+        ("- a list", "expected a mapping at the top"),
+    ],
+)
+def test_bad_scenarios_say_what_is_wrong(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ScenarioError, match=re_escape(message)):
+        Cluster(load_scenario(str(path)).with_cluster(nodes=16), 0, START, 3600.0)
+
+
+def re_escape(text: str) -> str:
+    import re
+
+    return re.escape(text)
+
+
+def test_durations_and_layouts() -> None:
+    assert [parse_duration(x) for x in ("90s", "2m", "1.5h", "1d", 30)] == [
+        90,
+        120,
+        5400,
+        86400,
+        30,
+    ]
+    assert Layout.parse("8x4x8") == Layout(8, 4, 8) == Layout.parse("8×4×8")  # noqa: RUF001
+    with pytest.raises(ScenarioError, match="has 64 ranks; 16 nodes x 8 GPUs have 128"):
+        ClusterSpec(nodes=16, layout="2x4x8").resolved_layout()
+    assert ClusterSpec(nodes=64).resolved_layout() == Layout(16, 4, 8)
+
+
+def test_pipeline_stages_follow_the_layout() -> None:
+    cluster = Cluster(quiet(nodes=16, layout="2x4x16"), 0, START, 3600.0)
+    assert list(cluster.stage) == [0] * 4 + [1] * 4 + [2] * 4 + [3] * 4
+
+
+# -- determinism ----------------------------------------------------------------------
+
+
+def test_same_seed_same_history(tmp_path: Path) -> None:
+    scenario = replace(
+        load_scenario("realistic-week"), rates=FaultRates(fail_stop_per_1000_node_days=200)
+    )
+    scenario = scenario.with_cluster(nodes=8)
+    outputs = []
+    for run_dir in ("a", "b", "c"):
+        seed = 7 if run_dir != "c" else 8
+        result = write_history(scenario, seed, 0.25, tmp_path / run_dir, end=START, shards=2)
+        outputs.append(
+            [path.read_bytes() for path in result.files] + [result.ground_truth.read_bytes()]
+        )
+    assert outputs[0] == outputs[1]
+    assert outputs[0] != outputs[2]
+
+
+# -- the fault model over many node-days ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def big_timeline() -> tuple[Scenario, object]:
+    scenario = Scenario(
+        cluster=ClusterSpec(nodes=1000), confounders=Confounders(checkpoints=False, evals=False)
+    )
+    return scenario, build_timeline(scenario, 11, START, START + 120 * DAY)
+
+
+def test_fail_stop_rate_matches_the_configured_rate(big_timeline: tuple[Scenario, object]) -> None:
+    scenario, timeline = big_timeline
+    fail_stops = [e for e in timeline.episodes if e.kind == Kind.FAIL_STOP]  # type: ignore[attr-defined]
+    expected = scenario.rates.fail_stop_per_1000_node_days / 1000 * 1000 * 120
+    # a node under repair cannot fail again, which removes a few percent of draws
+    assert 0.85 * expected < len(fail_stops) < expected + 4 * math.sqrt(expected), (
+        len(fail_stops),
+        expected,
+    )
+
+
+def test_cause_shares_follow_llama3(big_timeline: tuple[Scenario, object]) -> None:
+    _, timeline = big_timeline
+    causes = Counter(e.cause for e in timeline.episodes if e.kind == Kind.FAIL_STOP)  # type: ignore[attr-defined]
+    total = sum(causes.values())
+    weights = sum(cause.weight for cause in CAUSES)
+    for cause in CAUSES:
+        share = cause.weight / weights
+        sigma = math.sqrt(share * (1 - share) / total)
+        assert abs(causes[cause.name] / total - share) < 4 * sigma + 0.005, cause.name
+    assert causes["hbm"] / total == pytest.approx(17 / weights, abs=0.03)
+
+
+def test_xids_follow_the_cause(big_timeline: tuple[Scenario, object]) -> None:
+    _, timeline = big_timeline
+    xids: dict[str, set[int | None]] = {}
+    for episode in timeline.episodes:  # type: ignore[attr-defined]
+        if episode.kind == Kind.FAIL_STOP:
+            xids.setdefault(episode.cause, set()).add(episode.xid)
+    assert xids["gpu_fell_off_bus"] == {79}
+    assert xids["nvlink"] == {74}
+    assert xids["hbm"] <= {48, 63, 64, 94, 95} and len(xids["hbm"]) >= 3
+    assert xids["gsp"] <= {119, 120}
+    assert xids["software"] <= {13, 31, 43}
+    assert xids["host"] == {None}
+
+
+def test_some_failures_have_precursors_most_do_not(big_timeline: tuple[Scenario, object]) -> None:
+    _, timeline = big_timeline
+    episodes = timeline.episodes  # type: ignore[attr-defined]
+    hbm = [e for e in episodes if e.kind == Kind.FAIL_STOP and e.cause == "hbm"]
+    precursors = [e for e in episodes if e.kind == Kind.PRECURSOR and e.cause == "hbm"]
+    assert 0.15 < len(precursors) / len(hbm) < 0.45
+    for precursor in precursors:
+        assert precursor.details["signal"] == "remaps"
+        assert precursor.end - precursor.start <= 12 * 3600 + 1
+
+
+def test_fail_slow_episodes_have_the_configured_size_and_length(
+    big_timeline: tuple[Scenario, object],
+) -> None:
+    _, timeline = big_timeline
+    episodes = timeline.episodes  # type: ignore[attr-defined]
+    compute = [e for e in episodes if e.kind == Kind.FAIL_SLOW_COMPUTE]
+    comm = [e for e in episodes if e.kind == Kind.FAIL_SLOW_COMM]
+    assert all(1.10 <= e.magnitude <= 1.30 for e in compute)
+    assert np.mean([e.end - e.start for e in compute]) / 60 == pytest.approx(10, rel=0.15)
+    assert np.mean([e.end - e.start for e in comm]) / 60 == pytest.approx(24, rel=0.15)
+    assert all(
+        e.expected_alerts == ("GpuFleetStragglerNode", "GpuFleetNodeSlowerThanBaseline")
+        for e in compute
+    )
+
+
+def test_failures_concentrate_on_a_few_nodes_as_in_production() -> None:
+    # The 63-node production study: the top 3 nodes caused over half of all exclusions.
+    shares = []
+    for seed in range(5):
+        scenario = Scenario(
+            cluster=ClusterSpec(nodes=63),
+            confounders=Confounders(checkpoints=False, evals=False, data_loader_stalls_per_hour=0),
+        )
+        timeline = build_timeline(scenario, seed, START, START + 365 * DAY)
+        per_node = Counter(exclusion.node for exclusion in timeline.exclusions)
+        top3 = sum(count for _, count in per_node.most_common(3))
+        shares.append(top3 / sum(per_node.values()))
+    assert np.median(shares) > 0.5, shares
+    assert min(shares) > 0.35, shares
+
+
+def test_auto_retries_mostly_succeed_and_chains_are_recorded(
+    big_timeline: tuple[Scenario, object],
+) -> None:
+    _, timeline = big_timeline
+    attempts = timeline.attempts  # type: ignore[attr-defined]
+    triggers = Counter(attempt.trigger for attempt in attempts)
+    assert triggers["initial"] == 1
+    assert triggers["auto"] > triggers["manual"] > 0
+    assert all(a.outcome == "failed" for a in attempts[:-1]) and attempts[-1].outcome == "running"
+
+
+# -- storage -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("writers", "low", "high"), [(4, 0.0, 0.0), (60, 0.9, 1.0)])
+def test_checkpoint_queue_wait_grows_with_writers(writers: int, low: float, high: float) -> None:
+    builder = TimelineBuilder(quiet(nodes=writers), 0, START, START + DAY)
+    duration, queue, service = builder.checkpoint_cost(START)
+    assert duration == pytest.approx(queue + service)
+    assert low <= queue / duration <= high
+
+
+# -- lock-step training ------------------------------------------------------------------
+
+
+def test_a_slow_gpu_shows_as_compute_on_its_node_and_as_waiting_on_its_peers() -> None:
+    scenario = load_scenario("single-straggler")
+    cluster = Cluster(scenario, 0, START, DAY)
+    run(cluster, 150)  # up to just after the episode starts (at 2 minutes)
+    t = cluster.training
+    before = (t.compute.copy(), t.comm_wait.copy(), t.steps.copy(), t.slowest_compute.copy())
+    run(cluster, 600)  # inside the episode
+    steps = t.steps - before[2]
+    compute = (t.compute - before[0]) / steps
+    comm = (t.comm_wait - before[1]) / steps
+    slowest = (t.slowest_compute - before[3]) / (steps / cluster.gpus)
+    stage0 = [n for n in range(cluster.nodes) if cluster.stage[n] == cluster.stage[5] and n != 5]
+    peer_compute = np.median(compute[stage0])
+    # one GPU in eight is ~25% slower: the node's mean moves ~3%, its slowest rank ~25%
+    assert compute[5] / peer_compute == pytest.approx(1 + 0.25 / 8, abs=0.01)
+    assert slowest[5] / np.median(slowest[stage0]) == pytest.approx(1.25, abs=0.03)
+    assert comm[5] < np.median(comm[stage0])  # everyone else waits for node-005
+    step_seconds = (t.step_seconds - 0) / t.steps
+    assert np.ptp(step_seconds[t.steps > 0]) < 1e-9  # lock-step: the same step time everywhere
+
+
+def test_stage_skew_is_visible_per_stage_not_per_node() -> None:
+    cluster = Cluster(load_scenario("stage-skew"), 0, START, DAY)
+    run(cluster, 600)
+    t = cluster.training
+    per_step = t.compute / t.steps
+    last = cluster.stage == cluster.stage.max()
+    assert np.median(per_step[last]) / np.median(per_step[~last]) == pytest.approx(1.25, abs=0.02)
+    for stage in set(cluster.stage.tolist()):
+        members = per_step[cluster.stage == stage]
+        assert members.max() / np.median(members) < 1.02  # peers in a stage agree
+
+
+def test_the_job_stalls_on_a_failure_and_restarts_without_the_node() -> None:
+    cluster = Cluster(load_scenario("gpu-off-bus"), 0, START, DAY)
+    episode = next(e for e in cluster.timeline.episodes if e.kind == Kind.FAIL_STOP)
+    run(cluster, episode.start - START - 5)
+    steps_before = cluster.step_number
+    assert not cluster.gpu_lost[9, 2]
+    run(cluster, 60)
+    assert cluster.gpu_lost[9, 2] and cluster.excluded[9]
+    assert cluster.xids[(9, 2)].counts == {79: 1}
+    stalled_steps = cluster.step_number
+    run(cluster, 120)
+    assert cluster.step_number == stalled_steps  # no progress while the job is down
+    restarted = float(episode.details["restarted_at"])  # type: ignore[arg-type]
+    run(cluster, restarted - cluster.now + 60)
+    assert cluster.step_number > stalled_steps > steps_before
+    assert cluster.training.steps[9] == cluster.training.steps[9]  # excluded: frozen
+    frozen = cluster.training.steps[9]
+    run(cluster, 60)
+    assert cluster.training.steps[9] == frozen and cluster.training.steps[8] > frozen
+
+
+def test_checkpoint_storm_is_queue_bound_and_visible_in_flight() -> None:
+    cluster = Cluster(load_scenario("checkpoint-storm"), 0, START, DAY)
+    window = cluster.timeline.checkpoints[0]
+    run(cluster, window.start - START + 5, tick=1.0)
+    assert cluster.training.ckpt_in_flight.sum() == 64 * 8  # everyone is writing at once
+    run(cluster, window.end - cluster.now + 2, tick=1.0)
+    t = cluster.training
+    share = t.ckpt_queue.sum() / (t.ckpt_queue.sum() + t.ckpt_service.sum())
+    assert share > 0.9
+    assert t.ckpt_in_flight.sum() == 0
