@@ -65,6 +65,7 @@ bench: venv binaries
 	$(PY) bench/agent_scrape.py
 	$(PY) bench/client_overhead.py
 	$(PY) bench/ingest_throughput.py
+	$(PY) bench/simulate_scale.py
 
 clean:
 	rm -rf .demo bench/out .pytest_cache .mypy_cache .ruff_cache

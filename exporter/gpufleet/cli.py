@@ -284,12 +284,77 @@ def _run_nvml_record(namespace: argparse.Namespace) -> int:
     return 0
 
 
+def _run_simulate(namespace: argparse.Namespace) -> int:
+    import time
+    from pathlib import Path
+
+    from gpufleet.simulate.config import ScenarioError, load_scenario, scenario_names
+
+    if namespace.list_scenarios:
+        for name in scenario_names():
+            scenario = load_scenario(name)
+            print(f"{name:18} {scenario.description}")
+        return 0
+    logging.basicConfig(level=namespace.log_level.upper(), format=LOG_FORMAT)
+    try:
+        scenario = load_scenario(namespace.scenario).with_cluster(
+            nodes=namespace.nodes,
+            gpus_per_node=namespace.gpus_per_node,
+            layout=namespace.layout,
+        )
+        scenario.cluster.resolved_layout()
+    except ScenarioError as error:
+        raise ConfigError(str(error)) from None
+    if namespace.history is not None:
+        from gpufleet.simulate.history import write_history
+
+        if namespace.out is None:
+            raise ConfigError("--history needs --out DIR")
+        result = write_history(
+            scenario,
+            namespace.seed,
+            namespace.history,
+            Path(namespace.out),
+            end=namespace.end,
+            step=namespace.history_step,
+            shards=namespace.shards,
+        )
+        print(
+            f"wrote {result.samples:,} samples of {scenario.cluster.nodes} nodes x "
+            f"{namespace.history:g} days in {result.seconds:.1f} s: "
+            f"{', '.join(str(path) for path in result.files)}; ground truth: {result.ground_truth}"
+        )
+        return 0
+    from gpufleet.agent.app import serve
+    from gpufleet.simulate.cluster import Cluster
+    from gpufleet.simulate.serve import SimulatorServer
+
+    host, port = namespace.listen
+    cluster = Cluster(scenario, namespace.seed, time.time(), namespace.horizon * 86400)
+    server = SimulatorServer(cluster, tick_s=namespace.tick)
+    if namespace.targets_file:
+        server.write_targets(Path(namespace.targets_file), f"{host}:{port}")
+    server.start()
+    try:
+        serve(server, host, port, namespace.log_level)
+    finally:
+        server.stop()
+    return 0
+
+
+def _listen_flag(text: str) -> tuple[str, int]:
+    try:
+        return _listen(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def _run_demo(namespace: argparse.Namespace) -> int:
     from pathlib import Path
 
     from gpufleet.demo import run_demo
 
-    return run_demo(Path(namespace.workdir))
+    return run_demo(Path(namespace.workdir), namespace.scenario, namespace.nodes)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -320,13 +385,52 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument("--node", help="node name for the labels (default: hostname)")
     record.set_defaults(run=_run_nvml_record)
 
+    simulate = commands.add_parser(
+        "simulate",
+        help="serve a synthetic cluster as scrape targets, or write its history",
+        description="A seeded synthetic cluster of N nodes x G GPUs training one synchronous "
+        "job, with realistic faults. Serves every node at /nodes/<node>/metrics, or with "
+        "--history writes DAYS of it as OpenMetrics (for promtool) plus the ground truth.",
+    )
+    simulate.add_argument("--nodes", type=int, help="nodes (default: the scenario's)")
+    simulate.add_argument("--gpus-per-node", type=int, help="GPUs per node (default: 8)")
+    simulate.add_argument("--layout", help="DPxPPxTP, e.g. 8x4x8 (default: TP = GPUs per node)")
+    simulate.add_argument(
+        "--scenario", default="realistic-week", help="a bundled scenario name or a YAML file"
+    )
+    simulate.add_argument("--list-scenarios", action="store_true", help="list bundled scenarios")
+    simulate.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    simulate.add_argument(
+        "--listen", type=_listen_flag, default=("127.0.0.1", 9500), help="HOST:PORT to serve on"
+    )
+    simulate.add_argument(
+        "--targets-file",
+        default="gpufleet-sim-targets.json",
+        help="Prometheus file_sd file to write (default: gpufleet-sim-targets.json; '' for none)",
+    )
+    simulate.add_argument("--tick", type=float, default=1.0, help="seconds between updates")
+    simulate.add_argument(
+        "--horizon", type=float, default=30.0, help="days of timeline to draw up (live mode)"
+    )
+    simulate.add_argument("--history", type=float, metavar="DAYS", help="write DAYS of history")
+    simulate.add_argument("--out", help="directory for the history and its ground truth")
+    simulate.add_argument("--end", type=float, help="Unix time the history ends (default: now)")
+    simulate.add_argument(
+        "--history-step", type=float, default=30.0, help="seconds between history samples"
+    )
+    simulate.add_argument("--shards", type=int, default=2, help="processes writing the history")
+    simulate.add_argument("--log-level", default="warning", choices=["debug", "info", "warning"])
+    simulate.set_defaults(run=_run_simulate)
+
     demo = commands.add_parser(
         "demo",
-        help="run a local demo stack (agent, Prometheus, Alertmanager) until Ctrl-C",
-        description="Start the agent on synthetic GPUs, a real Prometheus and Alertmanager on "
+        help="run a local demo stack (simulator, Prometheus, Alertmanager) until Ctrl-C",
+        description="Start a 64-node simulated cluster, a real Prometheus and Alertmanager on "
         "127.0.0.1, and print their URLs.",
     )
     demo.add_argument("--workdir", default=".demo", help="where logs and data go")
+    demo.add_argument("--scenario", default="demo", help="simulator scenario (default: demo)")
+    demo.add_argument("--nodes", type=int, default=64, help="simulated nodes (default: 64)")
     demo.set_defaults(run=_run_demo)
     return parser
 

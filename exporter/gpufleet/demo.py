@@ -1,7 +1,9 @@
 """``gpufleet demo``: a complete local stack without Docker.
 
-Starts the agent on its synthetic GPU source, a real Prometheus scraping it and
-a real Alertmanager, prints where they are, and stops all of them on Ctrl-C.
+Starts the simulator (64 nodes running the ``demo`` scenario: a straggler, an
+XID 79 and a checkpoint storm within ten minutes), a real Prometheus that
+discovers every virtual node through file_sd, and a real Alertmanager; prints
+where they are, and stops all of them on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -20,39 +22,46 @@ from gpufleet.devstack import (
     free_port,
     http_get,
     port_is_free,
-    static_scrape_config,
     wait_until,
 )
+
+RULES_DIR = Path(__file__).resolve().parents[2] / "alerts"
 
 
 def _port(preferred: int) -> int:
     return preferred if port_is_free(preferred) else free_port()
 
 
-def run_demo(workdir: Path, agent_port: int = 9405, prometheus_port: int = 9090) -> int:
+def rule_files() -> list[str]:
+    """The project's rule files, when run from a checkout that has them."""
+    return sorted(str(path) for path in RULES_DIR.glob("*.rules.yaml"))
+
+
+def run_demo(
+    workdir: Path, scenario: str = "demo", nodes: int = 64, prometheus_port: int = 9090
+) -> int:
     workdir = workdir.resolve()
-    agent_port = _port(agent_port)
-    agent = ManagedProcess(
+    workdir.mkdir(parents=True, exist_ok=True)
+    sim_port = _port(9500)
+    targets = workdir / "targets.json"
+    simulator = ManagedProcess(
         [
-            sys.executable,
-            "-m",
-            "gpufleet",
-            "agent",
-            "--gpu-source",
-            "synthetic",
-            "--gpu-interval",
-            "2",
-            "--node",
-            "demo-node-0",
-            "--listen",
-            f"127.0.0.1:{agent_port}",
+            sys.executable, "-m", "gpufleet", "simulate", "--scenario", scenario,
+            "--nodes", str(nodes), "--listen", f"127.0.0.1:{sim_port}",
+            "--targets-file", str(targets), "--tick", "1", "--log-level", "warning",
         ],
-        workdir / "agent.log",
-    )
+        workdir / "simulator.log",
+    )  # fmt: skip
     alertmanager = AlertmanagerServer(workdir / "alertmanager", port=_port(9093))
     prometheus = PrometheusServer(
         workdir / "prometheus",
-        scrape_configs=[static_scrape_config("gpufleet-agent", [f"127.0.0.1:{agent_port}"])],
+        scrape_configs=[
+            {
+                "job_name": "gpufleet-agent",
+                "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "5s"}],
+            }
+        ],
+        rule_files=rule_files(),
         scrape_interval="5s",
         evaluation_interval="5s",
         port=_port(prometheus_port),
@@ -66,30 +75,34 @@ def run_demo(workdir: Path, agent_port: int = 9405, prometheus_port: int = 9090)
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
     try:
-        agent.start()
-        started.append(agent)
+        simulator.start()
+        started.append(simulator)
         wait_until(
-            lambda: http_get(f"http://127.0.0.1:{agent_port}/readyz") and True,
+            lambda: http_get(f"http://127.0.0.1:{sim_port}/healthz") and targets.exists(),
             30,
-            what="the agent to be ready",
+            what="the simulator to be ready",
         )
         alertmanager.start()
         started.append(alertmanager)
         prometheus.alertmanager_urls = [alertmanager.url]
         prometheus.start()
         started.append(prometheus)
-        prometheus.wait_for_targets_up(1, timeout=30)
+        prometheus.wait_for_targets_up(nodes, timeout=60)
+        rules = f"{len(rule_files())} rule files" if rule_files() else "no rule files yet"
         print(
-            f"\ngpufleet demo is up (logs and data in {workdir}):\n"
-            f"  agent metrics   http://127.0.0.1:{agent_port}/metrics\n"
-            f"  Prometheus      {prometheus.url}/graph?g0.expr=DCGM_FI_DEV_POWER_USAGE\n"
-            f"  Alertmanager    {alertmanager.url}\n"
+            f"\ngpufleet demo is up ({nodes} simulated nodes, scenario {scenario}, {rules}; "
+            f"logs and data in {workdir}):\n"
+            f"  simulator     http://127.0.0.1:{sim_port}/  (one target per node)\n"
+            f"  Prometheus    {prometheus.url}/targets\n"
+            f"  Alertmanager  {alertmanager.url}\n"
+            "Within ten minutes: node-012 turns slow (minute 1), GPU 3 of node-040 falls off\n"
+            "the bus with XID 79 (minute 4), every node checkpoints at once (minute 5).\n"
             "Press Ctrl-C to stop everything.",
             flush=True,
         )
         while not stop.wait(1.0):
-            if not agent.running():
-                print(f"the agent exited:\n{agent.log_tail()}", file=sys.stderr)
+            if not simulator.running():
+                print(f"the simulator exited:\n{simulator.log_tail()}", file=sys.stderr)
                 return 1
         return 0
     except (DevstackError, TimeoutError) as error:

@@ -1,0 +1,142 @@
+"""What the simulator costs: writing a multi-day history, and serving a big live cluster.
+
+1. History: 256 nodes x 8 GPUs, 3 days at a 30 s step, default fault rates
+   (realistic-week), written by 2 processes; the wall time, samples and bytes.
+   With --promtool, also the time promtool needs to turn it into TSDB blocks.
+2. Live: 512 nodes x 8 GPUs served to a real Prometheus scraping every 15 s,
+   for a few minutes; the simulator's CPU per second of wall time and the
+   scrape durations Prometheus measured.
+
+    python bench/simulate_scale.py [--days 3] [--nodes 256] [--live-nodes 512] [--promtool]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from gpufleet.devstack import (
+    ManagedProcess,
+    PrometheusServer,
+    find_binary,
+    free_port,
+    http_get,
+    wait_until,
+)
+from gpufleet.simulate.config import load_scenario
+from gpufleet.simulate.history import write_history
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def history(days: float, nodes: int, promtool: bool, workdir: Path) -> None:
+    scenario = load_scenario("realistic-week").with_cluster(nodes=nodes)
+    out = workdir / "history"
+    result = write_history(scenario, 0, days, out, shards=2)
+    size = sum(path.stat().st_size for path in result.files)
+    print(f"\nhistory: {nodes} nodes x 8 GPUs x {days:g} days at a 30 s step, 2 processes")
+    gigabytes = size / 1e9
+    print(f"  wrote {result.samples:,} samples ({gigabytes:.2f} GB) in {result.seconds:.1f} s")
+    if promtool:
+        binary = find_binary("promtool")
+        started = time.monotonic()
+        workers = [
+            subprocess.Popen(
+                [
+                    binary,
+                    "tsdb",
+                    "create-blocks-from",
+                    "openmetrics",
+                    str(path),
+                    str(workdir / "tsdb"),
+                ],
+                stdout=subprocess.DEVNULL,
+            )
+            for path in result.files
+        ]
+        for worker in workers:
+            if worker.wait() != 0:
+                raise SystemExit("promtool failed")
+        print(f"  promtool (2 in parallel) made TSDB blocks in {time.monotonic() - started:.1f} s")
+    print(f"sim_history_write_s={result.seconds:.1f} sim_history_samples={result.samples}")
+
+
+def live(nodes: int, minutes: float, workdir: Path) -> None:
+    port = free_port()
+    targets = workdir / "targets.json"
+    simulator = ManagedProcess(
+        [sys.executable, "-m", "gpufleet", "simulate", "--scenario", "realistic-week",
+         "--nodes", str(nodes), "--listen", f"127.0.0.1:{port}", "--targets-file", str(targets),
+         "--tick", "5"],
+        workdir / "simulator.log",
+    )  # fmt: skip
+    simulator.start()
+    prometheus = PrometheusServer(
+        workdir / "prometheus",
+        scrape_configs=[
+            {"job_name": "gpufleet-agent",
+             "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "5s"}]}
+        ],
+        scrape_interval="15s",
+        evaluation_interval="15s",
+    )  # fmt: skip
+    try:
+        wait_until(lambda: http_get(f"http://127.0.0.1:{port}/healthz") and targets.exists(), 60,
+                   what="simulator")  # fmt: skip
+        prometheus.start()
+        prometheus.wait_for_targets_up(nodes, timeout=120)
+        pid = simulator.pid
+        assert pid is not None
+        time.sleep(30)  # let every target settle into its scrape slot
+        before, started = cpu_seconds(pid), time.monotonic()
+        time.sleep(minutes * 60)
+        cpu = cpu_seconds(pid) - before
+        wall = time.monotonic() - started
+        durations = prometheus.query("quantile(0.5, scrape_duration_seconds)")
+        p99 = prometheus.query("quantile(0.99, scrape_duration_seconds)")
+        series = prometheus.query("sum(scrape_samples_scraped)")
+        print(f"\nlive: {nodes} nodes x 8 GPUs, Prometheus scraping every 15 s, {minutes:g} min")
+        print(
+            f"  simulator CPU: {cpu / wall * 100:.1f}% of one core ({cpu:.1f} s over {wall:.0f} s)"
+        )
+        print(f"  scrape duration median {float(durations[0]['value'][1]) * 1000:.1f} ms, "
+              f"p99 {float(p99[0]['value'][1]) * 1000:.1f} ms; "
+              f"{float(series[0]['value'][1]):,.0f} samples per scrape round")  # fmt: skip
+        print(f"sim_live_cpu_percent={cpu / wall * 100:.1f}")
+    finally:
+        prometheus.stop()
+        simulator.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--days", type=float, default=3.0)
+    parser.add_argument("--nodes", type=int, default=256)
+    parser.add_argument("--live-nodes", type=int, default=512)
+    parser.add_argument("--live-minutes", type=float, default=3.0)
+    parser.add_argument("--promtool", action="store_true")
+    parser.add_argument("--skip-history", action="store_true")
+    parser.add_argument("--skip-live", action="store_true")
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="gpufleet-bench-sim-"))
+    try:
+        if not args.skip_history:
+            history(args.days, args.nodes, args.promtool, workdir)
+        if not args.skip_live:
+            live(args.live_nodes, args.live_minutes, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
