@@ -29,6 +29,7 @@ from gpufleet.gpu.render import gpu_families
 from gpufleet.gpu.snapshot import GpuIdentity, GpuReading, GpuSnapshot
 from gpufleet.gpu.xid import XidHistory, XidView
 from gpufleet.simulate.cluster import Cluster
+from gpufleet.simulate.ledger_feed import LedgerFeed
 from gpufleet.training.aggregate import (
     CheckpointStats,
     JobState,
@@ -165,8 +166,11 @@ def node_exposition(cluster: Cluster, node: int) -> bytes:
 class SimulatorServer:
     """ASGI app plus the tick thread that advances the cluster with wall time."""
 
-    def __init__(self, cluster: Cluster, tick_s: float = 1.0) -> None:
+    def __init__(
+        self, cluster: Cluster, tick_s: float = 1.0, feed: LedgerFeed | None = None
+    ) -> None:
         self.cluster = cluster
+        self.feed = feed
         self.tick_s = tick_s
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -179,16 +183,22 @@ class SimulatorServer:
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="gpufleet-sim-tick", daemon=True)
         self._thread.start()
+        if self.feed is not None:
+            self.feed.start()
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5)
+        if self.feed is not None:
+            self.feed.stop()
 
     def _run(self) -> None:
         while not self._stop.wait(self.tick_s):
             with self._lock:
                 self.cluster.advance(time.time())
+            if self.feed is not None:
+                self.feed.advance(self.cluster.now)
 
     def write_targets(self, path: Path, address: str) -> None:
         """A Prometheus file_sd file: one target per node, ``instance`` = the node name."""

@@ -26,6 +26,7 @@ from gpufleet.simulate.faults import (
 )
 
 DAY = 86400.0
+_STARTUP_S = 180.0  # from an attempt's launch to its first step
 
 
 @dataclass(slots=True)
@@ -445,7 +446,9 @@ class TimelineBuilder:
             current.cause = stall.reason.split(": ", 1)[-1]
             trigger = "manual" if stall.reason.startswith("retry failed") else "auto"
             if stall.end < timeline.end:
-                attempts.append(Attempt(len(attempts) + 1, trigger, stall.end, stall.end))
+                # the new attempt starts, loads and restores, then takes its first step
+                begins = max(stall.start, stall.end - _STARTUP_S)
+                attempts.append(Attempt(len(attempts) + 1, trigger, begins, stall.end))
         timeline.attempts = attempts
 
 

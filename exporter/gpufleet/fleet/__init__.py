@@ -1,0 +1,1 @@
+"""The fleet ledger: node exclusions, job attempts, retry chains, recovery downtime."""

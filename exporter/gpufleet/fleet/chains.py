@@ -1,0 +1,123 @@
+"""Retry chains and recovery downtime, derived from a job's attempts.
+
+A *recovery* is the gap from a failed attempt's end to the next attempt's first
+step: the time the job produced nothing. A *chain* starts when an attempt
+fails and collects the automatic attempts that follow. It ends
+
+- ``recovered``: an automatic attempt reached its first step and then ran for
+  at least ``healthy_after`` seconds (or finished successfully);
+- ``manual``: the next attempt was started by a person;
+- ``abandoned``: the job was cancelled, or an attempt finished without recovering.
+
+A chain still open has ``failed_attempts`` automatic attempts that failed so
+far: the number an on-call engineer wants to see before the fourth try.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_HEALTHY_AFTER_S = 1800.0
+
+
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    training_job: str
+    failed_attempt: int
+    next_attempt: int
+    trigger: str  # of the next attempt: auto or manual
+    downtime_s: float
+
+
+@dataclass(slots=True)
+class Chain:
+    training_job: str
+    started_at: float  # when the attempt that opened it failed
+    attempts: list[int] = field(default_factory=list)  # automatic attempts in the chain
+    failed_attempts: int = 0
+    outcome: str | None = None  # None while open
+    ended_at: float | None = None
+
+
+@dataclass(slots=True)
+class JobHistory:
+    recoveries: list[Recovery] = field(default_factory=list)
+    chains: list[Chain] = field(default_factory=list)
+
+    @property
+    def open_chain(self) -> Chain | None:
+        if self.chains and self.chains[-1].outcome is None:
+            return self.chains[-1]
+        return None
+
+
+def _healthy(attempt: Mapping[str, Any], now: float, healthy_after: float) -> bool:
+    first = attempt.get("first_step_at")
+    if first is None:
+        return False
+    if attempt.get("outcome") == "success":
+        return True
+    end = attempt.get("ended_at")
+    ran = (end if end is not None else now) - first
+    return bool(ran >= healthy_after)
+
+
+def job_history(
+    attempts: Iterable[Mapping[str, Any]],
+    now: float,
+    healthy_after: float = DEFAULT_HEALTHY_AFTER_S,
+) -> JobHistory:
+    """Recoveries and chains of one job, from its attempts in order."""
+    ordered = sorted(attempts, key=lambda a: int(a["attempt"]))
+    history = JobHistory()
+    previous: Mapping[str, Any] | None = None
+    for attempt in ordered:
+        job = str(attempt["training_job"])
+        if (
+            previous is not None
+            and previous.get("outcome") == "failed"
+            and previous.get("ended_at") is not None
+            and attempt.get("first_step_at") is not None
+        ):
+            history.recoveries.append(
+                Recovery(
+                    job,
+                    int(previous["attempt"]),
+                    int(attempt["attempt"]),
+                    str(attempt["trigger"]),
+                    float(attempt["first_step_at"]) - float(previous["ended_at"]),
+                )
+            )
+        chain = history.open_chain
+        if chain is not None:
+            if attempt["trigger"] == "manual":
+                chain.outcome, chain.ended_at = "manual", float(attempt["started_at"])
+            else:
+                chain.attempts.append(int(attempt["attempt"]))
+                if _healthy(attempt, now, healthy_after):
+                    chain.outcome = "recovered"
+                    chain.ended_at = float(attempt["first_step_at"])
+                elif attempt.get("outcome") == "failed":
+                    chain.failed_attempts += 1
+                elif attempt.get("outcome") in ("cancelled", "success"):
+                    chain.outcome, chain.ended_at = "abandoned", attempt.get("ended_at")
+        if attempt.get("outcome") == "failed" and history.open_chain is None:
+            history.chains.append(Chain(job, float(attempt["ended_at"])))
+        elif attempt.get("outcome") == "cancelled" and history.open_chain is not None:
+            open_chain = history.open_chain
+            open_chain.outcome, open_chain.ended_at = "abandoned", attempt.get("ended_at")
+        previous = attempt
+    return history
+
+
+def histories(
+    attempts: Iterable[Mapping[str, Any]],
+    now: float,
+    healthy_after: float = DEFAULT_HEALTHY_AFTER_S,
+) -> dict[str, JobHistory]:
+    by_job: dict[str, list[Mapping[str, Any]]] = {}
+    for attempt in attempts:
+        by_job.setdefault(str(attempt["training_job"]), []).append(attempt)
+    return {job: job_history(rows, now, healthy_after) for job, rows in by_job.items()}

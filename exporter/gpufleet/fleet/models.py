@@ -1,0 +1,57 @@
+"""What writers send to the fleet ledger. Unknown fields are refused, times are Unix seconds."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+NodeName = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$"),
+]
+TrainingJob = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@/+=-]*$"),
+]
+Reason = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$"),
+]
+# Between 2001 and 2286: catches milliseconds sent as seconds, and zero.
+Timestamp = Annotated[float, Field(gt=1e9, lt=1e10, allow_inf_nan=False)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ExclusionIn(_Strict):
+    """A node was taken out of service."""
+
+    node: NodeName
+    reason: Reason
+    source: Literal["auto", "manual"] = "manual"
+    training_job: TrainingJob | None = None
+    at: Timestamp | None = None  # default: when the ledger receives it
+    note: Annotated[str, StringConstraints(max_length=500)] = ""
+
+
+class ReleaseIn(_Strict):
+    """A node went back into service."""
+
+    node: NodeName
+    at: Timestamp | None = None
+    note: Annotated[str, StringConstraints(max_length=500)] = ""
+
+
+class AttemptEventIn(_Strict):
+    """A job attempt started, reached its first step, or ended."""
+
+    training_job: TrainingJob
+    attempt: Annotated[int, Field(ge=1, le=1_000_000)]
+    event: Literal["started", "first_step", "ended"]
+    trigger: Literal["initial", "auto", "manual"] | None = None  # required for started
+    outcome: Literal["success", "failed", "cancelled"] | None = None  # required for ended
+    cause: Reason | None = None
+    at: Timestamp | None = None

@@ -1,0 +1,101 @@
+"""Retry chains and recovery downtime on constructed attempt histories."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpufleet.fleet.chains import job_history
+
+H = 3600.0
+
+
+def attempt(
+    number: int,
+    trigger: str,
+    start: float,
+    first: float | None = None,
+    end: float | None = None,
+    outcome: str | None = None,
+) -> dict[str, Any]:
+    return {
+        "training_job": "j",
+        "attempt": number,
+        "trigger": trigger,
+        "started_at": start,
+        "first_step_at": first,
+        "ended_at": end,
+        "outcome": outcome,
+    }
+
+
+def test_no_failure_no_chain() -> None:
+    history = job_history([attempt(1, "initial", 0, 100, 10 * H, "success")], now=11 * H)
+    assert history.chains == [] and history.recoveries == []
+
+
+def test_auto_retry_that_trains_for_half_an_hour_recovers() -> None:
+    history = job_history(
+        [
+            attempt(1, "initial", 0, 60, 5 * H, "failed"),
+            attempt(2, "auto", 5 * H + 300, 5 * H + 600),
+        ],
+        now=7 * H,
+    )
+    (chain,) = history.chains
+    assert (chain.outcome, chain.attempts, chain.failed_attempts) == ("recovered", [2], 0)
+    assert chain.ended_at == 5 * H + 600
+    (recovery,) = history.recoveries
+    assert (recovery.trigger, recovery.downtime_s) == ("auto", 600)
+
+
+def test_failing_auto_retries_stay_open_and_are_counted() -> None:
+    history = job_history(
+        [
+            attempt(1, "initial", 0, 60, H, "failed"),
+            attempt(2, "auto", H + 60, H + 120, H + 200, "failed"),  # ran 80 s: not healthy
+            attempt(3, "auto", H + 300, None, H + 400, "failed"),  # never reached a step
+            attempt(4, "auto", H + 500, None, None),  # starting
+        ],
+        now=H + 600,
+    )
+    chain = history.open_chain
+    assert chain is not None
+    assert chain.failed_attempts == 2 and chain.attempts == [2, 3, 4]
+    assert [r.downtime_s for r in history.recoveries] == [120]
+
+
+def test_a_person_stepping_in_closes_the_chain_as_manual_and_a_new_failure_opens_another() -> None:
+    history = job_history(
+        [
+            attempt(1, "initial", 0, 60, H, "failed"),
+            attempt(2, "auto", H + 60, None, H + 120, "failed"),
+            attempt(3, "manual", 3 * H, 3 * H + 900, 10 * H, "failed"),
+            attempt(4, "auto", 10 * H + 60, 10 * H + 300, None),
+        ],
+        now=11 * H,
+    )
+    assert [(c.outcome, c.failed_attempts) for c in history.chains] == [
+        ("manual", 1),
+        ("recovered", 0),
+    ]
+    assert [(r.trigger, r.downtime_s) for r in history.recoveries] == [
+        ("manual", 3 * H + 900 - (H + 120)),
+        ("auto", 300),
+    ]
+
+
+def test_a_short_healthy_run_does_not_recover_until_it_has_lasted() -> None:
+    attempts = [attempt(1, "initial", 0, 60, H, "failed"), attempt(2, "auto", H + 60, H + 120)]
+    assert job_history(attempts, now=H + 600).open_chain is not None
+    assert job_history(attempts, now=H + 120 + 1800).chains[0].outcome == "recovered"
+
+
+def test_a_cancelled_job_abandons_its_chain() -> None:
+    history = job_history(
+        [
+            attempt(1, "initial", 0, 60, H, "failed"),
+            attempt(2, "auto", H + 60, None, H + 90, "cancelled"),
+        ],
+        now=2 * H,
+    )
+    assert history.chains[0].outcome == "abandoned"
