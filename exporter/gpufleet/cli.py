@@ -197,6 +197,26 @@ AGENT_OPTIONS = (
 )
 
 
+FLEET_OPTIONS = (
+    _Option("--listen", "GPUFLEET_FLEET_LISTEN", _listen, "0.0.0.0:9406", "HOST:PORT to serve on"),
+    _Option("--db", "GPUFLEET_FLEET_DB", _text, "gpufleet-fleet.db", "SQLite database file"),
+    _Option(
+        "--token",
+        "GPUFLEET_FLEET_TOKEN",
+        _text,
+        None,
+        "bearer token required for writes (default: none required)",
+    ),
+    _Option(
+        "--log-level",
+        "GPUFLEET_LOG_LEVEL",
+        _choice("debug", "info", "warning", "error"),
+        "info",
+        "log level",
+    ),
+)
+
+
 def node_name(explicit: str | None) -> str:
     """The node identity: --node / GPUFLEET_NODE, else NODE_NAME (downward API), else hostname."""
     return explicit or _env("NODE_NAME") or socket.gethostname()
@@ -246,6 +266,121 @@ def _run_agent(namespace: argparse.Namespace) -> int:
         )
         return 1
     serve(agent.asgi(), host, port, values["log_level"])
+    return 0
+
+
+def _run_fleet(namespace: argparse.Namespace) -> int:
+    from gpufleet.agent.app import serve
+    from gpufleet.fleet.app import create_app
+    from gpufleet.fleet.store import LedgerStore
+
+    values = {option.dest: option.resolve(namespace) for option in FLEET_OPTIONS}
+    logging.basicConfig(level=values["log_level"].upper(), format=LOG_FORMAT)
+    host, port = values["listen"]
+    try:
+        store = LedgerStore(values["db"])
+    except (OSError, sqlite3_error()) as error:
+        raise ConfigError(f"--db {values['db']}: cannot open the database: {error}") from None
+    if not values["token"] and host not in ("127.0.0.1", "::1", "localhost"):
+        logging.getLogger("gpufleet.fleet").warning(
+            "the ledger on %s:%d accepts writes from anyone who can reach it; set --token",
+            host,
+            port,
+        )
+    serve(create_app(store, values["token"]), host, port, values["log_level"])
+    return 0
+
+
+def sqlite3_error() -> type[Exception]:
+    import sqlite3
+
+    return sqlite3.Error
+
+
+def _ledger(namespace: argparse.Namespace) -> Any:
+    from gpufleet.fleet.client import LedgerClient
+
+    return LedgerClient(namespace.fleet_url, namespace.token)
+
+
+def _run_exclude(namespace: argparse.Namespace) -> int:
+    from gpufleet.fleet.client import LedgerError
+
+    fields = {"source": namespace.source, "note": namespace.note}
+    if namespace.job:
+        fields["training_job"] = namespace.job
+    try:
+        stored = _ledger(namespace).exclude(namespace.node, namespace.reason, **fields)
+    except LedgerError as error:
+        print(f"gpufleet exclude: {error}", file=sys.stderr)
+        return 1
+    print(f"excluded {stored['node']} (exclusion {stored['id']})")
+    return 0
+
+
+def _run_release(namespace: argparse.Namespace) -> int:
+    from gpufleet.fleet.client import LedgerError
+
+    try:
+        stored = _ledger(namespace).release(namespace.node, note=namespace.note)
+    except LedgerError as error:
+        print(f"gpufleet release: {error}", file=sys.stderr)
+        return 1
+    print(f"released {stored['node']}")
+    return 0
+
+
+def _run_exclusions_top(namespace: argparse.Namespace) -> int:
+    from gpufleet.fleet.client import LedgerError
+
+    try:
+        top = _ledger(namespace).get("/v1/exclusions/top", days=namespace.days)
+    except LedgerError as error:
+        print(f"gpufleet exclusions top: {error}", file=sys.stderr)
+        return 1
+    print(f"exclusions in the last {namespace.days:g} days: {top['total']} on {top['nodes']} nodes")
+    print(f"{'rank':>4}  {'node':24} {'exclusions':>10} {'share':>7}")
+    for rank, row in enumerate(top["leaderboard"], start=1):
+        print(f"{rank:>4}  {row['node']:24} {row['exclusions']:>10} {row['share']:>7.1%}")
+    print(f"top 3 nodes: {top['top3_share']:.1%} of all exclusions")
+    return 0
+
+
+def _run_report(namespace: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from gpufleet.fleet.client import LedgerError
+    from gpufleet.fleet.report import (
+        LedgerData,
+        PrometheusApi,
+        ReportError,
+        build_report,
+        parse_since,
+        write_report,
+    )
+
+    try:
+        since = parse_since(namespace.since)
+        if namespace.db:
+            from gpufleet.fleet.store import LedgerStore
+
+            if not Path(namespace.db).exists():
+                raise ReportError(f"--db {namespace.db}: no such file")
+            store = LedgerStore(namespace.db)
+            ledger = LedgerData(store.exclusions(), store.attempts())
+            store.close()
+        else:
+            client = _ledger(namespace)
+            ledger = LedgerData(client.get("/v1/exclusions"), client.get("/v1/attempts"))
+        out = Path(namespace.out)
+        report = build_report(
+            PrometheusApi(namespace.prometheus), ledger, out, since, until=namespace.until
+        )
+        path = write_report(report, out, namespace.format)
+    except (ReportError, LedgerError) as error:
+        print(f"gpufleet report: {error}", file=sys.stderr)
+        return 1
+    print(f"report written to {path} ({len(report.images)} charts)")
     return 0
 
 
@@ -319,6 +454,8 @@ def _run_simulate(namespace: argparse.Namespace) -> int:
             step=namespace.history_step,
             shards=namespace.shards,
         )
+        if namespace.fleet_url:
+            _feed_ledger(namespace, scenario, result.start, result.end)
         print(
             f"wrote {result.samples:,} samples of {scenario.cluster.nodes} nodes x "
             f"{namespace.history:g} days in {result.seconds:.1f} s: "
@@ -331,7 +468,16 @@ def _run_simulate(namespace: argparse.Namespace) -> int:
 
     host, port = namespace.listen
     cluster = Cluster(scenario, namespace.seed, time.time(), namespace.horizon * 86400)
-    server = SimulatorServer(cluster, tick_s=namespace.tick)
+    feed = None
+    if namespace.fleet_url:
+        from gpufleet.fleet.client import LedgerClient
+        from gpufleet.simulate.ledger_feed import LedgerFeed, ledger_events
+
+        events = ledger_events(
+            cluster.timeline, cluster.node_names, scenario.cluster.job, namespace.seed
+        )
+        feed = LedgerFeed(LedgerClient(namespace.fleet_url, namespace.fleet_token), events)
+    server = SimulatorServer(cluster, tick_s=namespace.tick, feed=feed)
     if namespace.targets_file:
         server.write_targets(Path(namespace.targets_file), f"{host}:{port}")
     server.start()
@@ -340,6 +486,22 @@ def _run_simulate(namespace: argparse.Namespace) -> int:
     finally:
         server.stop()
     return 0
+
+
+def _feed_ledger(namespace: argparse.Namespace, scenario: Any, start: float, end: float) -> None:
+    from gpufleet.fleet.client import LedgerClient
+    from gpufleet.simulate.cluster import Cluster
+    from gpufleet.simulate.ledger_feed import LedgerFeed, ledger_events
+
+    cluster = Cluster(scenario, namespace.seed, start, end - start)
+    events = ledger_events(
+        cluster.timeline, cluster.node_names, scenario.cluster.job, namespace.seed
+    )
+    feed = LedgerFeed(LedgerClient(namespace.fleet_url, namespace.fleet_token), events)
+    posted = feed.post_until(end)
+    if feed.failed or posted < sum(1 for event in events if event.at <= end):
+        raise ConfigError(f"the ledger at {namespace.fleet_url} took {posted} of the events")
+    print(f"posted {posted} exclusion and attempt events to {namespace.fleet_url}")
 
 
 def _listen_flag(text: str) -> tuple[str, int]:
@@ -385,6 +547,25 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument("--node", help="node name for the labels (default: hostname)")
     record.set_defaults(run=_run_nvml_record)
 
+    _add_simulate(commands)
+    _add_fleet_commands(commands)
+    demo = commands.add_parser(
+        "demo",
+        help="run a local demo stack (simulator, Prometheus, Alertmanager) until Ctrl-C",
+        description="Start a 64-node simulated cluster, a real Prometheus and Alertmanager on "
+        "127.0.0.1, and print their URLs.",
+    )
+    demo.add_argument("--workdir", default=".demo", help="where logs and data go")
+    demo.add_argument("--scenario", default="demo", help="simulator scenario (default: demo)")
+    demo.add_argument("--nodes", type=int, default=64, help="simulated nodes (default: 64)")
+    demo.set_defaults(run=_run_demo)
+    return parser
+
+
+Commands = Any  # argparse's private _SubParsersAction
+
+
+def _add_simulate(commands: Commands) -> None:
     simulate = commands.add_parser(
         "simulate",
         help="serve a synthetic cluster as scrape targets, or write its history",
@@ -419,20 +600,68 @@ def build_parser() -> argparse.ArgumentParser:
         "--history-step", type=float, default=30.0, help="seconds between history samples"
     )
     simulate.add_argument("--shards", type=int, default=2, help="processes writing the history")
+    simulate.add_argument(
+        "--fleet-url", help="also report exclusions and job attempts to this fleet ledger"
+    )
+    simulate.add_argument("--fleet-token", help="the ledger's bearer token, if it needs one")
     simulate.add_argument("--log-level", default="warning", choices=["debug", "info", "warning"])
     simulate.set_defaults(run=_run_simulate)
 
-    demo = commands.add_parser(
-        "demo",
-        help="run a local demo stack (simulator, Prometheus, Alertmanager) until Ctrl-C",
-        description="Start a 64-node simulated cluster, a real Prometheus and Alertmanager on "
-        "127.0.0.1, and print their URLs.",
+
+def _add_fleet_commands(commands: Commands) -> None:
+    fleet = commands.add_parser(
+        "fleet",
+        help="run the cluster's fleet ledger (exclusions, job attempts, recoveries)",
+        description="A durable ledger (SQLite, WAL) of node exclusions and job attempts, with "
+        "an HTTP API and Prometheus metrics.",
     )
-    demo.add_argument("--workdir", default=".demo", help="where logs and data go")
-    demo.add_argument("--scenario", default="demo", help="simulator scenario (default: demo)")
-    demo.add_argument("--nodes", type=int, default=64, help="simulated nodes (default: 64)")
-    demo.set_defaults(run=_run_demo)
-    return parser
+    for option in FLEET_OPTIONS:
+        option.add_to(fleet)
+    fleet.set_defaults(run=_run_fleet)
+
+    def ledger_flags(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument(
+            "--fleet-url", help="the ledger (default: $GPUFLEET_FLEET_URL or http://127.0.0.1:9406)"
+        )
+        sub.add_argument("--token", help="bearer token (default: $GPUFLEET_FLEET_TOKEN)")
+
+    exclude = commands.add_parser("exclude", help="record that a node is taken out of service")
+    exclude.add_argument("node")
+    exclude.add_argument("--reason", required=True, help="why, e.g. xid79, ecc, slow, maintenance")
+    exclude.add_argument("--source", choices=["manual", "auto"], default="manual")
+    exclude.add_argument("--job", help="the training job it was excluded from")
+    exclude.add_argument("--note", default="", help="free text for the postmortem")
+    ledger_flags(exclude)
+    exclude.set_defaults(run=_run_exclude)
+
+    release = commands.add_parser("release", help="record that a node is back in service")
+    release.add_argument("node")
+    release.add_argument("--note", default="")
+    ledger_flags(release)
+    release.set_defaults(run=_run_release)
+
+    report = commands.add_parser(
+        "report",
+        help="write a postmortem / capacity-review report (Markdown or HTML, PNG charts)",
+        description="Exclusion leaderboard and concentration, incidents by cause, fail-slow "
+        "episodes per node, checkpoint queue-wait share, auto vs manual recovery, fleet MTBF "
+        "and the Young/Daly checkpoint interval, from the ledger and Prometheus.",
+    )
+    report.add_argument("--prometheus", required=True, help="Prometheus URL")
+    report.add_argument("--since", default="30d", help="period to cover, e.g. 12h, 30d (default)")
+    report.add_argument("--until", type=float, help="end of the period, Unix time (default: now)")
+    report.add_argument("--out", default="gpufleet-report", help="output directory")
+    report.add_argument("--format", choices=["md", "html"], default="md")
+    report.add_argument("--db", help="read the ledger's SQLite file instead of its API")
+    ledger_flags(report)
+    report.set_defaults(run=_run_report)
+
+    exclusions = commands.add_parser("exclusions", help="query exclusions")
+    views = exclusions.add_subparsers(dest="view", metavar="VIEW", required=True)
+    top = views.add_parser("top", help="nodes by exclusions, their share and the top-3 share")
+    top.add_argument("--days", type=float, default=30.0)
+    ledger_flags(top)
+    top.set_defaults(run=_run_exclusions_top)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
