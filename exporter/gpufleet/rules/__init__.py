@@ -1,0 +1,1 @@
+"""gpufleet's Prometheus rules, generated from one configuration (``config.py``)."""

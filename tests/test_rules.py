@@ -1,0 +1,102 @@
+"""The rules: promtool checks and unit tests, generated files in sync, and conventions."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpufleet.devstack import find_binary
+from gpufleet.rules.__main__ import write_all
+from gpufleet.simulate.faults import Alert
+
+ALERTS_DIR = Path(__file__).resolve().parents[1] / "alerts"
+RULE_FILES = sorted(ALERTS_DIR.glob("*.rules.yaml"))
+TEST_FILES = sorted((ALERTS_DIR / "tests").glob("*.test.yaml"))
+
+
+def rules() -> list[dict[str, Any]]:
+    found = []
+    for path in RULE_FILES:
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            for rule in group["rules"]:
+                found.append({**rule, "_group": group["name"], "_file": path.name})
+    return found
+
+
+def alerts() -> list[dict[str, Any]]:
+    return [rule for rule in rules() if "alert" in rule]
+
+
+def test_promtool_checks_every_rule_file() -> None:
+    result = subprocess.run(
+        [find_binary("promtool"), "check", "rules", *map(str, RULE_FILES)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert len(RULE_FILES) == 5
+
+
+@pytest.mark.parametrize("test_file", TEST_FILES, ids=lambda path: path.name)
+def test_promtool_unit_tests(test_file: Path) -> None:
+    result = subprocess.run(
+        [find_binary("promtool"), "test", "rules", test_file.name],
+        capture_output=True, text=True, check=False, cwd=test_file.parent,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_committed_rule_files_are_what_the_code_generates(tmp_path: Path) -> None:
+    for path in write_all(tmp_path):
+        committed = ALERTS_DIR / path.name
+        assert committed.exists(), f"{path.name} is generated but not committed"
+        assert committed.read_text() == path.read_text(), (
+            f"run `make generate`: {path.name} differs"
+        )
+
+
+def test_alert_conventions() -> None:
+    runbook = (ALERTS_DIR / "RUNBOOK.md").read_text()
+    anchors = {heading.strip().lower() for heading in re.findall(r"^## (.+)$", runbook, re.M)}
+    names = [alert["alert"] for alert in alerts()]
+    assert len(names) == len(set(names)), "an alert name is used twice"
+    for alert in alerts():
+        name = alert["alert"]
+        assert re.fullmatch(r"GpuFleet[A-Z][A-Za-z]+", name) and len(name) <= 40, name
+        assert alert["labels"]["severity"] in {"critical", "warning", "info"}, name
+        annotations = alert["annotations"]
+        assert "{{" not in annotations["summary"] and annotations["summary"].endswith("."), name
+        assert "{{" in annotations["description"], f"{name}: the description names nothing"
+        anchor = annotations["runbook_url"].rsplit("#", 1)[1]
+        assert anchor == name.lower() and anchor in anchors, f"{name}: no runbook section"
+
+
+def test_recording_rule_names_and_group_sizes() -> None:
+    for rule in rules():
+        if "record" in rule:
+            assert re.fullmatch(r"[a-z]+:[A-Za-z0-9_]+:[a-z0-9_]+", rule["record"]), rule["record"]
+    for path in RULE_FILES:
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            assert len(group["rules"]) <= 20, f"{group['name']} has {len(group['rules'])} rules"
+
+
+def test_every_alert_has_a_firing_test_and_a_silent_test() -> None:
+    fires: set[str] = set()
+    silent: set[str] = set()
+    for path in TEST_FILES:
+        for group in yaml.safe_load(path.read_text())["tests"]:
+            assert group.get("name"), f"{path.name}: every test group is named"
+            for case in group.get("alert_rule_test", []):
+                (fires if case.get("exp_alerts") else silent).add(case["alertname"])
+    names = {alert["alert"] for alert in alerts()}
+    assert names - fires == set(), "alerts never tested firing"
+    assert names - silent == set(), "alerts never tested silent"
+
+
+def test_every_alert_the_simulator_expects_exists() -> None:
+    names = {alert["alert"] for alert in alerts()}
+    assert {str(alert) for alert in Alert} <= names
