@@ -28,10 +28,13 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 # Prometheus and Alertmanager run for real in the demo and the tests.
+# Prometheus, Alertmanager, and VictoriaMetrics + vmalert (the scale-out path).
 binaries:
-	@command -v prometheus >/dev/null && command -v prometheus-alertmanager >/dev/null || { \
+	@command -v prometheus >/dev/null && command -v prometheus-alertmanager >/dev/null && \
+	  command -v vmalert >/dev/null || { \
 	  $(SUDO) apt-get update && \
-	  $(SUDO) apt-get install -y --no-install-recommends prometheus prometheus-alertmanager; }
+	  $(SUDO) apt-get install -y --no-install-recommends \
+	    prometheus prometheus-alertmanager victoria-metrics; }
 
 test: venv binaries check-generated lint pytest
 
@@ -47,12 +50,15 @@ format: venv
 	$(VENV)/bin/ruff check --fix exporter tests bench
 	$(VENV)/bin/ruff format exporter tests bench
 
-# Nothing is generated yet; rules and dashboards will be.
+GENERATED := alerts
+
+# Rule files come from exporter/gpufleet/rules/; never edit them by hand.
 generate: venv
-	@true
+	$(PY) -m gpufleet.rules --out alerts
 
 check-generated: generate
-	@git diff --exit-code --stat -- dashboards alerts helm || { \
+	@git diff --exit-code --stat -- $(GENERATED) && \
+	  test -z "$$(git status --porcelain --untracked-files=all -- $(GENERATED))" || { \
 	  echo "generated files differ from the code: run 'make generate' and commit"; exit 1; }
 
 demo: venv binaries

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -110,8 +111,13 @@ def test_alertmanager_fixture_delivers_to_the_webhook_receiver(
     manager = alertmanager_factory(webhook_url=webhook_receiver.url)
     http_json(
         f"{manager.url}/api/v2/alerts",
-        [{"labels": {"alertname": "FixtureCheck", "Hostname": "n1", "severity": "info"}}],
+        [
+            {"labels": {"alertname": "FixtureInfo", "node": "n2", "severity": "info"}},
+            {"labels": {"alertname": "FixtureCheck", "node": "n1", "severity": "critical"}},
+        ],
     )
     alerts = webhook_receiver.wait_for_alerts(lambda alerts: len(alerts) >= 1, timeout=30)
-    assert alerts[0]["labels"]["alertname"] == "FixtureCheck"
-    assert manager.alerts()[0]["labels"]["Hostname"] == "n1"
+    assert [alert["labels"]["alertname"] for alert in alerts] == ["FixtureCheck"]
+    assert {alert["labels"]["node"] for alert in manager.alerts()} == {"n1", "n2"}
+    time.sleep(2)  # info alerts reach Alertmanager but never page
+    assert [alert["labels"]["alertname"] for alert in webhook_receiver.alerts()] == ["FixtureCheck"]

@@ -25,6 +25,8 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 _INSTALL_HINT = {
+    "victoria-metrics": "apt-get install -y --no-install-recommends victoria-metrics",
+    "vmalert": "apt-get install -y --no-install-recommends victoria-metrics",
     "prometheus": "apt-get install -y --no-install-recommends prometheus",
     "promtool": "apt-get install -y --no-install-recommends prometheus",
     "prometheus-alertmanager": "apt-get install -y --no-install-recommends prometheus-alertmanager",
@@ -169,6 +171,7 @@ class PrometheusServer:
     port: int | None = None
     extra_args: list[str] = field(default_factory=list)
     storage_path: Path | None = None  # e.g. blocks backfilled by promtool; default workdir/data
+    remote_write_urls: list[str] = field(default_factory=list)
     process: ManagedProcess | None = None
 
     @property
@@ -188,7 +191,16 @@ class PrometheusServer:
         if self.alertmanager_urls:
             hosts = [urllib.parse.urlparse(url).netloc for url in self.alertmanager_urls]
             config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": hosts}]}]}
+        if self.remote_write_urls:
+            config["remote_write"] = [
+                {"url": url, "queue_config": {"batch_send_deadline": "1s"}}
+                for url in self.remote_write_urls
+            ]
         return config
+
+    def firing_alerts(self) -> list[dict[str, Any]]:
+        alerts: list[dict[str, Any]] = self.api("alerts")["alerts"]
+        return [alert for alert in alerts if alert["state"] == "firing"]
 
     def start(self, timeout: float = 60.0) -> PrometheusServer:
         binary = find_binary("prometheus")
@@ -285,18 +297,20 @@ class AlertmanagerServer:
         return f"http://127.0.0.1:{self.port}"
 
     def config(self) -> dict[str, Any]:
-        receiver: dict[str, Any] = {"name": "default"}
+        """One page per node (or per job for job-level alerts); info alerts never page."""
+        receiver: dict[str, Any] = {"name": "pages"}
         if self.webhook_url:
             receiver["webhook_configs"] = [{"url": self.webhook_url, "send_resolved": False}]
         return {
             "route": {
-                "receiver": "default",
-                "group_by": ["alertname", "Hostname", "node", "training_job"],
+                "receiver": "pages",
+                "group_by": ["node", "training_job"],
                 "group_wait": self.group_wait,
                 "group_interval": self.group_interval,
                 "repeat_interval": self.repeat_interval,
+                "routes": [{"matchers": ['severity="info"'], "receiver": "dashboards-only"}],
             },
-            "receivers": [receiver],
+            "receivers": [receiver, {"name": "dashboards-only"}],
         }
 
     def start(self, timeout: float = 60.0) -> AlertmanagerServer:
@@ -334,3 +348,82 @@ class AlertmanagerServer:
     def alerts(self) -> list[dict[str, Any]]:
         alerts: list[dict[str, Any]] = http_json(f"{self.url}/api/v2/alerts")
         return alerts
+
+
+@dataclass
+class VictoriaMetricsServer:
+    """Single-node VictoriaMetrics (Debian's victoria-metrics), the scale-out stand-in."""
+
+    workdir: Path
+    port: int | None = None
+    process: ManagedProcess | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 60.0) -> VictoriaMetricsServer:
+        binary = find_binary("victoria-metrics")
+        self.port = self.port or free_port()
+        self.process = ManagedProcess(
+            [
+                binary,
+                f"-storageDataPath={self.workdir / 'data'}",
+                f"-httpListenAddr=127.0.0.1:{self.port}",
+                "-search.latencyOffset=1s",  # tests look at data seconds old
+                "-loggerLevel=WARN",
+            ],
+            self.workdir / "victoria-metrics.log",
+        )
+        self.process.start()
+        wait_until(lambda: http_get(f"{self.url}/health"), timeout, what="VictoriaMetrics ready")
+        return self
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+
+
+@dataclass
+class VmalertServer:
+    """vmalert evaluating rule files against VictoriaMetrics, writing recording rules back."""
+
+    workdir: Path
+    rule_files: list[str]
+    datasource_url: str
+    notifier_url: str
+    evaluation_interval: str = "1s"
+    port: int | None = None
+    process: ManagedProcess | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 60.0) -> VmalertServer:
+        binary = find_binary("vmalert")
+        self.port = self.port or free_port()
+        self.process = ManagedProcess(
+            [
+                binary,
+                *(f"-rule={path}" for path in self.rule_files),
+                f"-datasource.url={self.datasource_url}",
+                f"-remoteWrite.url={self.datasource_url}",
+                f"-notifier.url={self.notifier_url}",
+                f"-evaluationInterval={self.evaluation_interval}",
+                f"-httpListenAddr=127.0.0.1:{self.port}",
+                "-loggerLevel=WARN",
+            ],
+            self.workdir / "vmalert.log",
+        )
+        self.process.start()
+        wait_until(lambda: http_get(f"{self.url}/health"), timeout, what="vmalert ready")
+        return self
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+
+    def firing_alerts(self) -> list[dict[str, Any]]:
+        alerts: list[dict[str, Any]] = http_json(f"{self.url}/api/v1/alerts")["data"]["alerts"]
+        return [alert for alert in alerts if alert["state"] == "firing"]
