@@ -32,6 +32,8 @@ from gpufleet.devstack import (
 from gpufleet.simulate.config import load_scenario
 from gpufleet.simulate.history import write_history
 
+RULES = Path(__file__).resolve().parents[1] / "alerts"
+
 
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -80,12 +82,18 @@ def live(nodes: int, minutes: float, workdir: Path) -> None:
         workdir / "simulator.log",
     )  # fmt: skip
     simulator.start()
+    rules = sorted(str(path) for path in RULES.glob("*.rules.yaml"))
+    prometheus_port = free_port()
     prometheus = PrometheusServer(
         workdir / "prometheus",
+        port=prometheus_port,
         scrape_configs=[
             {"job_name": "gpufleet-agent",
-             "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "5s"}]}
+             "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "5s"}]},
+            {"job_name": "prometheus",
+             "static_configs": [{"targets": [f"127.0.0.1:{prometheus_port}"]}]},
         ],
+        rule_files=rules,
         scrape_interval="15s",
         evaluation_interval="15s",
     )  # fmt: skip
@@ -101,6 +109,9 @@ def live(nodes: int, minutes: float, workdir: Path) -> None:
         time.sleep(minutes * 60)
         cpu = cpu_seconds(pid) - before
         wall = time.monotonic() - started
+        groups = prometheus.query("avg_over_time(prometheus_rule_group_last_duration_seconds[2m])")
+        head = prometheus.query("prometheus_tsdb_head_series")
+        memory = prometheus.query('process_resident_memory_bytes{job="prometheus"}') or []
         durations = prometheus.query("quantile(0.5, scrape_duration_seconds)")
         p99 = prometheus.query("quantile(0.99, scrape_duration_seconds)")
         series = prometheus.query("sum(scrape_samples_scraped)")
@@ -111,7 +122,33 @@ def live(nodes: int, minutes: float, workdir: Path) -> None:
         print(f"  scrape duration median {float(durations[0]['value'][1]) * 1000:.1f} ms, "
               f"p99 {float(p99[0]['value'][1]) * 1000:.1f} ms; "
               f"{float(series[0]['value'][1]):,.0f} samples per scrape round")  # fmt: skip
-        print(f"sim_live_cpu_percent={cpu / wall * 100:.1f}")
+        per_group = sorted(
+            ((s["metric"]["rule_group"].split(";")[-1], float(s["value"][1])) for s in groups),
+            key=lambda item: -item[1],
+        )
+        total = sum(seconds for _, seconds in per_group)
+        print(f"  rule evaluation per cycle (all {len(per_group)} groups, 2-min average): "
+              f"{total * 1000:.0f} ms")  # fmt: skip
+        for name, seconds in per_group:
+            print(f"    {name:34} {seconds * 1000:8.1f} ms")
+        costly = sorted(
+            (
+                (rule["evaluationTime"], rule.get("record") or rule.get("name"))
+                for group in prometheus.api("rules")["groups"]
+                for rule in group["rules"]
+            ),
+            reverse=True,
+        )[:8]
+        print("  costliest rules (last evaluation):")
+        for seconds, name in costly:
+            print(f"    {name:60} {seconds * 1000:8.1f} ms")
+        series = float(head[0]["value"][1]) if head else float("nan")
+        print(f"  head series {series:,.0f} ({series / nodes:,.0f} per node incl. recorded)")
+        if memory:
+            print(f"  Prometheus RSS {float(memory[0]['value'][1]) / 2**20:,.0f} MiB")
+        print(
+            f"sim_live_cpu_percent={cpu / wall * 100:.1f} rule_eval_ms_per_cycle={total * 1000:.0f}"
+        )
     finally:
         prometheus.stop()
         simulator.stop()

@@ -23,6 +23,7 @@ from gpufleet.devstack import (
 )
 from gpufleet.rules.__main__ import write_all
 from gpufleet.rules.config import RulesConfig
+from gpufleet.rules.inline import inlined_alerts
 from gpufleet.simulate.cluster import Cluster
 from gpufleet.simulate.config import load_scenario
 from gpufleet.simulate.serve import SimulatorServer
@@ -40,6 +41,7 @@ episodes:
   - {kind: fail_stop, cause: gpu_fell_off_bus, node: 9, gpu: 2, start: 75s, duration: 4h}
 """
 FAST = RulesConfig(
+    gpu_recording_interval="1s",
     rate_window="20s",
     straggler_for="10s",
     gpu_lost_for="5s",
@@ -141,6 +143,14 @@ def test_a_straggler_and_an_xid_79_page_for_the_right_nodes_and_nothing_else(
         # one notification per node: the XID and the lost GPU of node-009 arrive together
         groups = {note["groupLabels"].get("node") for note in webhook_receiver.notifications}
         assert groups == {"node-005", "node-009"}
+
+        # The same alerts with every recording rule inlined, over the raw series only
+        # (how the detection benchmark evaluates a backfilled history), find the same nodes.
+        inlined = {alert.name: alert for alert in inlined_alerts([Path(p) for p in rules])}
+        now = time.time()
+        for name, node in EXPECTED:
+            found = prometheus.query_range(inlined[name].expr, now - 150, now, 1.0)
+            assert node in {series["metric"].get("node") for series in found}, name
     finally:
         if vmalert is not None:
             vmalert.stop()

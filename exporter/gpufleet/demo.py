@@ -1,9 +1,10 @@
 """``gpufleet demo``: a complete local stack without Docker.
 
-Starts the simulator (64 nodes running the ``demo`` scenario: a straggler, an
-XID 79 and a checkpoint storm within ten minutes), a real Prometheus that
-discovers every virtual node through file_sd, and a real Alertmanager; prints
-where they are, and stops all of them on Ctrl-C.
+Starts the fleet ledger, the simulator (64 nodes running the ``demo`` scenario:
+a straggler, an XID 79 and a checkpoint storm within ten minutes, reported to
+the ledger), a real Prometheus that discovers every virtual node through
+file_sd and evaluates gpufleet's rules, and a real Alertmanager; prints where
+they are, and stops all of them on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from gpufleet.devstack import (
     free_port,
     http_get,
     port_is_free,
+    static_scrape_config,
     wait_until,
 )
 
@@ -42,13 +44,21 @@ def run_demo(
 ) -> int:
     workdir = workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    sim_port = _port(9500)
+    sim_port, fleet_port = _port(9500), _port(9406)
     targets = workdir / "targets.json"
+    ledger = ManagedProcess(
+        [
+            sys.executable, "-m", "gpufleet", "fleet", "--listen", f"127.0.0.1:{fleet_port}",
+            "--db", str(workdir / "fleet.db"), "--log-level", "warning",
+        ],
+        workdir / "fleet.log",
+    )  # fmt: skip
     simulator = ManagedProcess(
         [
             sys.executable, "-m", "gpufleet", "simulate", "--scenario", scenario,
             "--nodes", str(nodes), "--listen", f"127.0.0.1:{sim_port}",
             "--targets-file", str(targets), "--tick", "1", "--log-level", "warning",
+            "--fleet-url", f"http://127.0.0.1:{fleet_port}",
         ],
         workdir / "simulator.log",
     )  # fmt: skip
@@ -59,7 +69,8 @@ def run_demo(
             {
                 "job_name": "gpufleet-agent",
                 "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "5s"}],
-            }
+            },
+            static_scrape_config("gpufleet-fleet", [f"127.0.0.1:{fleet_port}"]),
         ],
         rule_files=rule_files(),
         scrape_interval="5s",
@@ -75,6 +86,9 @@ def run_demo(
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
     try:
+        ledger.start()
+        started.append(ledger)
+        wait_until(lambda: http_get(f"http://127.0.0.1:{fleet_port}/readyz"), 30, what="the ledger")
         simulator.start()
         started.append(simulator)
         wait_until(
@@ -87,13 +101,14 @@ def run_demo(
         prometheus.alertmanager_urls = [alertmanager.url]
         prometheus.start()
         started.append(prometheus)
-        prometheus.wait_for_targets_up(nodes, timeout=60)
+        prometheus.wait_for_targets_up(nodes + 1, timeout=60)
         rules = f"{len(rule_files())} rule files" if rule_files() else "no rule files yet"
         print(
             f"\ngpufleet demo is up ({nodes} simulated nodes, scenario {scenario}, {rules}; "
             f"logs and data in {workdir}):\n"
             f"  simulator     http://127.0.0.1:{sim_port}/  (one target per node)\n"
-            f"  Prometheus    {prometheus.url}/targets\n"
+            f"  fleet ledger  http://127.0.0.1:{fleet_port}/docs\n"
+            f"  Prometheus    {prometheus.url}/alerts\n"
             f"  Alertmanager  {alertmanager.url}\n"
             "Within ten minutes: node-012 turns slow (minute 1), GPU 3 of node-040 falls off\n"
             "the bus with XID 79 (minute 4), every node checkpoints at once (minute 5).\n"

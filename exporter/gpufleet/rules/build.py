@@ -61,6 +61,7 @@ class Alert:
 class Group:
     name: str
     rules: Sequence[Record | Alert]
+    interval: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,70 +133,116 @@ def xid_catalogue_group() -> Group:
     return Group("gpufleet-xid-catalogue", rules)
 
 
+# Per-GPU counters whose rise over a window the alerts and the health signals read.
+# Each is scanned once per cycle here (the costly part: a 6 h window over every GPU)
+# and kept only where it rose, so what reads it works on a handful of series.
+RISEN: tuple[tuple[str, str], ...] = (
+    ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "remaps_climbing_window"),
+    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "pcie_window"),
+    ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "1h"),
+    ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "ecc_window"),
+    ("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "30m"),
+    ("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "nvlink_window"),
+    ("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "nvlink_window"),
+    ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "nvlink_window"),
+    ("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", "nvlink_window"),
+)
+THROTTLE_BITS = (
+    ("hw_power_brake_slowdown", 128),
+    ("hw_thermal_slowdown", 64),
+    ("hw_slowdown", 8),
+)
+
+
+def window_of(config: RulesConfig, knob: str) -> str:
+    return str(getattr(config, knob)) if hasattr(config, knob) else knob
+
+
+def risen_record(name: str, window: str) -> str:
+    return f"gpu:{name}:risen{window}"
+
+
 def gpu_recording(config: RulesConfig) -> Group:
     sel = config.gpu_selector
     window = config.xid_window
     counter = metric("gpufleet_gpu_xid_errors_total", sel)
     last = metric("DCGM_FI_DEV_XID_ERRORS", sel)
     agent_gpus = metric("gpufleet_gpu_up", sel)
+    changed = f"gpu:DCGM_FI_DEV_XID_ERRORS:changed{window}"
+    # dcgm-exporter keeps only the last XID: a value that changed within the window is
+    # a new XID. Point lookups, not a range scan; GPUs with gpufleet's agent skip this.
     dcgm_paths = "\n  or ".join(
-        f'label_replace(({last} == {code.code}) / {code.code}, "xid", "{code.code}", "", "")'
+        f'label_replace(({changed} == {code.code}) / {code.code}, "xid", "{code.code}", "", "")'
         for code in XID_CATALOGUE
     )
-    dcgm = (
-        f"max by ({GPU}, xid) (\n  {with_node(f'({dcgm_paths})')}\n"
-        f"  and on ({GPU}) {with_node(f'changes({last}[{window}]) > 0')}\n)\n"
-        f"unless on (UUID) {agent_gpus}"
+    throttle = metric("gpufleet_gpu_clock_throttle_active", sel)
+    # dcgm-exporter has only the bitmask; GPUs with gpufleet's agent have a flag per reason
+    dcgm_reasons = "gpu:DCGM_FI_DEV_CLOCK_THROTTLE_REASONS:dcgm_only"
+    bits = "\n  or ".join(
+        f'label_replace(\n    ({throttle.rstrip("}")}, reason="{reason}"}} == 1)\n'
+        f"    or (floor({dcgm_reasons} / {value}) % 2 == 1),\n"
+        f'    "reason", "{reason}", "", "")'
+        for reason, value in THROTTLE_BITS
     )
     rules: list[Record | Alert] = [
         Record(
+            dcgm_reasons,
+            f"{metric('DCGM_FI_DEV_CLOCK_THROTTLE_REASONS', sel)} > 0 unless on (UUID) {agent_gpus}",
+        ),
+        Record(
+            changed,
+            f"max by ({GPU}) (\n  {with_node(f'({last} > 0 unless on (UUID) {agent_gpus})')}\n"
+            f"  and on (UUID) (({last} != {last} offset {window}) or ({last} unless {last} offset {window}))\n)",
+        ),
+        Record(
             f"gpu:gpufleet_gpu_xid_errors:new{window}",
-            f"max by ({GPU}, xid) (\n  {with_node(new_in(counter, window))}\n)\nor\n{dcgm}",
+            f"max by ({GPU}, xid) (\n  {with_node(new_in(counter, window))}\n)\nor\n"
+            f"max by ({GPU}, xid) (\n  {dcgm_paths}\n)",
+        ),
+        Record(
+            "gpu:gpufleet_gpu_hw_slowdown:active",
+            f"max by ({GPU}, reason) (\n  {with_node(f'({bits})')}\n)",
         ),
     ]
-    return Group("gpufleet-gpu-recording", rules)
+    for name, knob in RISEN:
+        span = window_of(config, knob)
+        rules.append(
+            Record(risen_record(name, span), per_gpu(f"{risen(metric(name, sel), span)} > 0"))
+        )
+    return Group("gpufleet-gpu-recording", rules, config.gpu_recording_interval)
 
 
 def gpu_alerts(config: RulesConfig) -> Group:
     sel = config.gpu_selector
     xid = f"gpu:gpufleet_gpu_xid_errors:new{config.xid_window}"
-    throttle = metric("gpufleet_gpu_clock_throttle_active", sel)
-    reasons = metric("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", sel)
+    slowdown = "gpu:gpufleet_gpu_hw_slowdown:active"
+    brake = f'{slowdown}{{reason="hw_power_brake_slowdown"}}'
+    thermal = f'{slowdown}{{reason="hw_thermal_slowdown"}}'
+    generic = f'{slowdown}{{reason="hw_slowdown"}}'
     agent_gpus = metric("gpufleet_gpu_up", sel)
-
-    def bit(value: int, reason: str) -> str:
-        agent = f'{throttle.rstrip("}")}, reason="{reason}"}} == 1'
-        dcgm = f"((floor({reasons} / {value}) % 2) == 1) unless on (UUID) {agent_gpus}"
-        return (
-            f"label_replace(max by ({GPU}) ({with_node(f'({agent}) or ({dcgm})')}), "
-            f'"reason", "{reason}", "", "")'
-        )
-
-    brake, thermal, generic = (
-        bit(128, "hw_power_brake_slowdown"),
-        bit(64, "hw_thermal_slowdown"),
-        bit(8, "hw_slowdown"),
-    )
+    w = config.nvlink_window
     nvlink = {
-        name: metric(f"DCGM_FI_DEV_NVLINK_{name}_ERROR_COUNT_TOTAL", sel)
+        name: risen_record(f"DCGM_FI_DEV_NVLINK_{name}_ERROR_COUNT_TOTAL", w)
         for name in ("RECOVERY", "REPLAY", "CRC_FLIT", "CRC_DATA")
     }
-    w = config.nvlink_window
     lost = f"gpufleet_gpu_up{{{sel}}} == 0"
     collapsed = _agent_node(
-        config, metric("gpufleet_collector_up", config.agent_selector, 'collector="gpu"') + " == 0"
+        config,
+        metric("gpufleet_collector_up", config.agent_selector, 'collector="gpu"') + " == 0",
     )
     seen, expected = metric("gpufleet_gpus_seen", sel), metric("gpufleet_gpus_expected", sel)
     temps = metric("DCGM_FI_DEV_GPU_TEMP", sel)
     missing = f"max by (node) (\n  {with_node(f'{seen} < {expected}')}\n)"
     if config.dcgm_expected_gpus:
+        # dcgm-exporter-only nodes have no expected count of their own
         missing += (
-            f"\nor (\n  count by (node) ({with_node(temps)}) < {config.dcgm_expected_gpus}\n"
+            f"\nor (\n  count by (node) ({with_node(f'{temps} unless on (UUID) {agent_gpus}')})"
+            f" < {config.dcgm_expected_gpus}\n"
             f"  unless on (node) max by (node) ({with_node(expected)})\n)"
         )
-    dbe = metric("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", sel)
-    remaps = metric("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", sel)
-    pcie = metric("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", sel)
+    dbe = risen_record("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", config.ecc_window)
+    remaps = risen_record("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", config.remaps_climbing_window)
+    pcie = risen_record("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", config.pcie_window)
     rules: list[Record | Alert] = [
         Alert(
             "GpuFleetCriticalXid",
@@ -225,7 +272,7 @@ def gpu_alerts(config: RulesConfig) -> Group:
         ),
         Alert(
             "GpuFleetEccUncorrectable",
-            per_gpu(f"{risen(dbe, config.ecc_window)} > 0"),
+            dbe,
             "critical",
             "A GPU had an uncorrectable (double-bit) ECC error.",
             f"{GPU_WHO} counted {{{{ $value }}}} uncorrectable ECC error(s) in {config.ecc_window}. "
@@ -249,9 +296,7 @@ def gpu_alerts(config: RulesConfig) -> Group:
         ),
         Alert(
             "GpuFleetCorrectableRemapsClimbing",
-            per_gpu(
-                f"{risen(remaps, config.remaps_climbing_window)} >= {config.remaps_climbing_min}"
-            ),
+            f"{remaps} >= {config.remaps_climbing_min}",
             "warning",
             "A GPU keeps remapping rows for correctable errors: a known precursor of failure.",
             f"{GPU_WHO} remapped {{{{ $value }}}} rows for correctable errors in "
@@ -259,12 +304,12 @@ def gpu_alerts(config: RulesConfig) -> Group:
         ),
         Alert(
             "GpuFleetNvlinkErrors",
-            per_gpu(
-                f"({risen(nvlink['RECOVERY'], w)} >= {config.nvlink_recovery_min})"
-                f" or ({risen(nvlink['REPLAY'], w)} >= {config.nvlink_replay_min})"
-                f" or ({risen(nvlink['CRC_FLIT'], w)} + on ({GPU}, instance, job) {risen(nvlink['CRC_DATA'], w)}"
-                f" >= {config.nvlink_crc_min})"
-            ),
+            f"{nvlink['RECOVERY']} >= {config.nvlink_recovery_min}\n"
+            f"or {nvlink['REPLAY']} >= {config.nvlink_replay_min}\n"
+            f"or sum by ({GPU}) (\n"
+            f'  label_replace({nvlink["CRC_FLIT"]}, "counter", "flit", "", "")\n'
+            f'  or label_replace({nvlink["CRC_DATA"]}, "counter", "data", "", "")\n'
+            f") >= {config.nvlink_crc_min}",
             "warning",
             "A GPU's NVLink errors are rising.",
             f"{GPU_WHO} counted {{{{ $value }}}} NVLink recovery, replay or CRC errors in {w}. "
@@ -272,7 +317,7 @@ def gpu_alerts(config: RulesConfig) -> Group:
         ),
         Alert(
             "GpuFleetPcieReplays",
-            per_gpu(f"{risen(pcie, config.pcie_window)} >= {config.pcie_replays_min}"),
+            f"{pcie} >= {config.pcie_replays_min}",
             "warning",
             "A GPU's PCIe link is replaying packets at a high rate.",
             f"{GPU_WHO} replayed {{{{ $value }}}} PCIe packets in {config.pcie_window}: a failing "
@@ -369,19 +414,21 @@ def health_recording(config: RulesConfig) -> Group:
         "gpufleet_gpu_clock_throttle_active", sel, 'reason=~"sw_thermal_slowdown|sw_power_cap"'
     )
     signals = {
-        "remaps": f"{risen(metric('DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS', sel), config.remaps_climbing_window)} >= 1",
-        "pcie": f"{risen(metric('DCGM_FI_DEV_PCIE_REPLAY_COUNTER', sel), config.pcie_window)} >= 2",
-        "nvlink": f"{risen(metric('DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL', sel), '30m')} >= 1",
-        "sbe": f"{risen(metric('DCGM_FI_DEV_ECC_SBE_VOL_TOTAL', sel), '1h')} >= 100",
-        "sw_throttle": f"avg_over_time({throttle}[15m]) >= 0.5",
+        "remaps": f"{risen_record('DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS', config.remaps_climbing_window)} >= 1",
+        "pcie": f"{risen_record('DCGM_FI_DEV_PCIE_REPLAY_COUNTER', config.pcie_window)} >= 2",
+        "nvlink": f"{risen_record('DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL', '30m')} >= 1",
+        "sbe": f"{risen_record('DCGM_FI_DEV_ECC_SBE_VOL_TOTAL', '1h')} >= 100",
     }
     rules: list[Record | Alert] = [
-        Record(
-            f"node:gpufleet_health_signal:{name}",
-            f"max by (node) ({with_node(expr)}) * 0 + {weight}",
-        )
+        Record(f"node:gpufleet_health_signal:{name}", f"max by (node) ({expr}) * 0 + {weight}")
         for name, expr in signals.items()
     ]
+    rules.append(
+        Record(
+            "node:gpufleet_health_signal:sw_throttle",
+            f"max by (node) ({with_node(f'avg_over_time({throttle}[15m]) >= 0.5')}) * 0 + {weight}",
+        )
+    )
     rules.append(
         Record(
             "node:gpufleet_health_signal:slow",
@@ -776,6 +823,7 @@ def as_document(rule_file: RuleFile, config: RulesConfig) -> dict[str, Any]:
         "groups": [
             {
                 "name": group.name,
+                **({"interval": group.interval} if group.interval else {}),
                 "rules": [
                     rule.as_dict(config) if isinstance(rule, Alert) else rule.as_dict()
                     for rule in group.rules

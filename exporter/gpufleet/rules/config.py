@@ -68,6 +68,9 @@ class RulesConfig:
     # -- alert routing -------------------------------------------------------------------------
     runbook_url: str = "https://github.com/gpufleet/gpufleet/blob/main/alerts/RUNBOOK.md#{anchor}"
 
+    # -- GPU hardware: counters rising over 10 min to 6 h need no 15 s resolution, and this
+    # group reads every GPU's series: evaluating it once a minute quarters its cost.
+    gpu_recording_interval: str = "1m"
     # -- GPU hardware ---------------------------------------------------------------------
     xid_window: str = "10m"
     ecc_window: str = "10m"

@@ -1,0 +1,169 @@
+"""Inline recording rules into alert expressions, so that an alert can be evaluated
+over data that has no recorded series (a history backfilled with promtool).
+
+A recorded name becomes its defining expression in parentheses, recursively. A
+record with static ``labels`` gains them through ``label_replace``; equality
+matchers on a recorded name (``job:x:rate1h{op="save"}``) become a filter
+``and on (op) label_replace(vector(1), "op", "save", "", "")``, or pick among
+records of the same name whose static labels decide it (the XID catalogue).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_MATCHER = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
+
+
+class InlineError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class RecordRule:
+    name: str
+    expr: str
+    labels: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class AlertRule:
+    name: str
+    expr: str  # with every recorded name inlined
+    for_seconds: float
+    labels: dict[str, str]
+    annotations: dict[str, str]
+
+
+def duration_seconds(text: str) -> float:
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+    total = 0.0
+    for number, unit in re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)", text):
+        total += float(number) * units[unit]
+    return total
+
+
+def _parse_matchers(text: str) -> dict[str, str]:
+    matchers: dict[str, str] = {}
+    position = 0
+    while position < len(text):
+        match = _MATCHER.match(text, position)
+        if not match:
+            raise InlineError(f"only equality matchers can be inlined: {{{text}}}")
+        matchers[match.group(1)] = match.group(2)
+        position = match.end()
+    return matchers
+
+
+class Inliner:
+    def __init__(self, records: list[RecordRule]) -> None:
+        self._records: dict[str, list[RecordRule]] = {}
+        for record in records:
+            self._records.setdefault(record.name, []).append(record)
+        self._done: dict[tuple[str, str], str] = {}
+
+    @classmethod
+    def from_files(cls, paths: list[Path]) -> Inliner:
+        records = []
+        for path in paths:
+            for group in yaml.safe_load(path.read_text())["groups"]:
+                for rule in group["rules"]:
+                    if "record" in rule:
+                        records.append(
+                            RecordRule(rule["record"], rule["expr"], dict(rule.get("labels", {})))
+                        )
+        return cls(records)
+
+    def inline(self, expr: str) -> str:
+        """``expr`` with every recorded name replaced by what defines it."""
+        out: list[str] = []
+        position = 0
+        length = len(expr)
+        while position < length:
+            char = expr[position]
+            if char in "\"'`":
+                end = position + 1
+                while end < length and expr[end] != char:
+                    end += 2 if expr[end] == "\\" else 1
+                out.append(expr[position : end + 1])
+                position = end + 1
+                continue
+            match = _NAME.match(expr, position)
+            if match and (
+                position == 0 or not (expr[position - 1].isalnum() or expr[position - 1] == "_")
+            ):
+                name = match.group(0)
+                end = match.end()
+                if name in self._records:
+                    matchers = ""
+                    if end < length and expr[end] == "{":
+                        close = expr.index("}", end)
+                        matchers, end = expr[end + 1 : close], close + 1
+                    before = "".join(out).rstrip()
+                    if before.endswith(("group_left", "group_right")):
+                        out.append("() ")  # else "(" would read as group_left's label list
+                    out.append(self._expand(name, matchers))
+                else:
+                    out.append(name)
+                position = end
+                continue
+            out.append(char)
+            position += 1
+        return "".join(out)
+
+    def _expand(self, name: str, matcher_text: str) -> str:
+        key = (name, matcher_text)
+        if key in self._done:
+            return self._done[key]
+        matchers = _parse_matchers(matcher_text) if matcher_text.strip() else {}
+        branches = []
+        for record in self._records[name]:
+            static = record.labels
+            if any(label in static and static[label] != value for label, value in matchers.items()):
+                continue
+            branch = f"({self.inline(record.expr)})"
+            for label, value in static.items():
+                branch = f'label_replace({branch}, "{label}", "{_escape(value)}", "", "")'
+            for label, value in matchers.items():
+                if label not in static:
+                    branch = (
+                        f"({branch} and on ({label}) "
+                        f'label_replace(vector(1), "{label}", "{_escape(value)}", "", ""))'
+                    )
+            branches.append(branch)
+        if not branches:
+            raise InlineError(f"no record {name} matches {{{matcher_text}}}")
+        expanded = branches[0] if len(branches) == 1 else "(" + " or ".join(branches) + ")"
+        self._done[key] = expanded
+        return expanded
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def inlined_alerts(paths: list[Path]) -> list[AlertRule]:
+    inliner = Inliner.from_files(paths)
+    alerts = []
+    for path in paths:
+        document: dict[str, Any] = yaml.safe_load(path.read_text())
+        for group in document["groups"]:
+            for rule in group["rules"]:
+                if "alert" not in rule:
+                    continue
+                alerts.append(
+                    AlertRule(
+                        rule["alert"],
+                        inliner.inline(rule["expr"]),
+                        duration_seconds(str(rule.get("for", "0s"))),
+                        dict(rule.get("labels", {})),
+                        dict(rule.get("annotations", {})),
+                    )
+                )
+    return alerts
