@@ -181,6 +181,8 @@ class TimelineBuilder:
             expected, scope = slow_episode_expectations(kind)
             magnitude = float(raw.get("magnitude", self._default_magnitude(kind)))
             details: dict[str, Any] = {k: raw[k] for k in ("count", "period") if k in raw}
+            if kind in (Kind.FAIL_SLOW_COMPUTE, Kind.FAIL_SLOW_COMM):
+                details["slowdown"] = self.slowdown_of(kind, magnitude)
             if kind == Kind.XID_STORM:
                 details.setdefault("count", 12)
                 details.setdefault("period", 30.0)
@@ -204,7 +206,7 @@ class TimelineBuilder:
     def _default_magnitude(self, kind: Kind) -> float:
         return {
             Kind.FAIL_SLOW_COMPUTE: 1.2,
-            Kind.FAIL_SLOW_COMM: 1.12,
+            Kind.FAIL_SLOW_COMM: 1.5,
             Kind.CLUSTER_SLOWDOWN: self.confounders.cluster_slowdown,
             Kind.DATA_LOADER_STALL: 1.0,
             Kind.XID_STORM: 1.0,
@@ -337,6 +339,7 @@ class TimelineBuilder:
                     if self.excluded(node, when):
                         continue
                     duration = max(60.0, float(rng.exponential(mean_minutes * 60)))
+                    magnitude = float(rng.uniform(low, high))
                     self._add(
                         Episode(
                             kind,
@@ -348,9 +351,10 @@ class TimelineBuilder:
                             else None,
                             None,
                             None,
-                            float(rng.uniform(low, high)),
+                            magnitude,
                             tuple(expected),
                             scope,
+                            {"slowdown": self.slowdown_of(kind, magnitude)},
                         )
                     )
 
@@ -405,6 +409,15 @@ class TimelineBuilder:
                         windows.append(Window(when, when + spec.eval_duration_s, reason))
                         self._add(Episode(Kind.EVAL, when, when + spec.eval_duration_s))
                 when += interval
+
+    def slowdown_of(self, kind: Kind, magnitude: float) -> float:
+        """How much slower the episode makes what it slows: the node's compute for a
+        compute episode, the whole job's step for a communication one."""
+        if kind != Kind.FAIL_SLOW_COMM:
+            return magnitude
+        spec = self.spec
+        comm_share = 1.0 - spec.compute_share - spec.data_share
+        return 1.0 + (magnitude - 1.0) * comm_share
 
     def writers(self, when: float) -> int:
         return sum(1 for node in range(self.nodes) if not self.excluded(node, when))
