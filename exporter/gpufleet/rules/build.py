@@ -512,8 +512,17 @@ def training_recording(config: RulesConfig) -> list[Group]:
         ),
     ]
     node_baseline = f"node:gpufleet_training_slowest_compute_per_step:baseline{base_w}"
-    job_step = f"job:gpufleet_training_step_seconds:rate{w}"
     trends = [
+        # Rates over windows keep a stopped job's last minutes "frozen": the alerts below
+        # only judge a node that is still stepping.
+        Record(
+            "node:gpufleet_training_slowest_rank_steps:rate2m",
+            rate_sum("gpufleet_training_slowest_rank_steps_total", NODE_STAGE, "2m") + " > 0",
+        ),
+        Record(
+            "node:gpufleet_training_step_seconds:rate2m",
+            rate_sum("gpufleet_training_step_seconds_total", NODE_STAGE, "2m") + " > 0",
+        ),
         Record(
             node_baseline,
             f"{rate_sum('gpufleet_training_slowest_rank_compute_seconds_total', NODE_STAGE, base_w, base_o)}\n"
@@ -527,15 +536,21 @@ def training_recording(config: RulesConfig) -> list[Group]:
             f"node:gpufleet_training_own_trend:rate{w}\n/ on (training_job) group_left ()\n"
             f"quantile by (training_job) (0.5, node:gpufleet_training_own_trend:rate{w})",
         ),
+        # The job's step time as a median of 2-minute averages: a data-loader stall doubles
+        # a lock-step job's steps for a minute or two several times an hour, which would
+        # pull a mean (current or baseline) up by several percent; a median ignores it.
         Record(
-            job_step,
-            f"{rate_sum('gpufleet_training_step_seconds_total', 'training_job')}\n"
-            f"/ {rate_sum('gpufleet_training_steps_total', 'training_job')}",
+            "job:gpufleet_training_step_seconds:rate2m",
+            f"{rate_sum('gpufleet_training_step_seconds_total', 'training_job', '2m')}\n"
+            f"/ {rate_sum('gpufleet_training_steps_total', 'training_job', '2m')}",
+        ),
+        Record(
+            "job:gpufleet_training_step_seconds:median10m",
+            "quantile_over_time(0.5, job:gpufleet_training_step_seconds:rate2m[10m:1m])",
         ),
         Record(
             f"job:gpufleet_training_step_seconds:baseline{base_w}",
-            f"{rate_sum('gpufleet_training_step_seconds_total', 'training_job', base_w, base_o)}\n"
-            f"/ {rate_sum('gpufleet_training_steps_total', 'training_job', base_w, base_o)}",
+            f"quantile_over_time(0.5, job:gpufleet_training_step_seconds:rate2m[{base_w}:1m] offset {base_o})",
         ),
         Record(
             "job:gpufleet_training_step_seconds:avg1h",
@@ -571,11 +586,12 @@ def training_alerts(config: RulesConfig) -> Group:
     rules: list[Record | Alert] = [
         Alert(
             "GpuFleetStragglerNode",
-            f"(\n  {ratio} > {config.straggler_ratio}\n  and {zscore} > {config.straggler_zscore}\n"
-            f"  and on ({STAGE}) ({nodes} >= {config.straggler_min_peers})\n)\nor (\n"
+            f"(\n  (\n  {ratio} > {config.straggler_ratio}\n  and {zscore} > {config.straggler_zscore}\n"
+            f"  and on ({STAGE}) ({nodes} >= {config.straggler_min_peers})\n  )\n  or (\n"
             f"  {rank_ratio} > {config.straggler_ratio}\n  and {rank_z} > {config.straggler_zscore}\n"
             f"  and on ({STAGE}) ({nodes} < {config.straggler_min_peers})\n"
-            f"  and on ({STAGE}) ({ranks} >= {config.straggler_min_rank_peers})\n)",
+            f"  and on ({STAGE}) ({ranks} >= {config.straggler_min_rank_peers})\n  )\n)\n"
+            f"and on ({NODE_STAGE}) node:gpufleet_training_slowest_rank_steps:rate2m",
             "warning",
             "A node computes persistently slower than its peers in the same pipeline stage.",
             f'{JOB_NODE} computes {{{{ $value | printf "%.2f" }}}}x the median of its stage '
@@ -586,6 +602,7 @@ def training_alerts(config: RulesConfig) -> Group:
         Alert(
             "GpuFleetNodeSlowerThanBaseline",
             f"node:gpufleet_training_baseline_ratio:rate{w} > {config.baseline_ratio}\n"
+            f"and on ({NODE_STAGE}) node:gpufleet_training_slowest_rank_steps:rate2m\n"
             f"unless on ({NODE_STAGE}) {ratio} > {config.straggler_ratio}",
             "warning",
             "A node computes slower than it did itself, relative to the rest of the job.",
@@ -596,8 +613,9 @@ def training_alerts(config: RulesConfig) -> Group:
         ),
         Alert(
             "GpuFleetJobSlowdown",
-            f"job:gpufleet_training_step_seconds:rate{w}\n"
-            f"/ job:gpufleet_training_step_seconds:baseline{config.baseline_window} > {config.job_slowdown_ratio}",
+            "job:gpufleet_training_step_seconds:median10m\n"
+            f"/ job:gpufleet_training_step_seconds:baseline{config.baseline_window} > {config.job_slowdown_ratio}\n"
+            f"and on (training_job) count by (training_job) (node:gpufleet_training_step_seconds:rate2m)",
             "warning",
             "A training job runs slower than its recent baseline (job-wide, not one node).",
             'Job {{ $labels.training_job }} takes {{ $value | printf "%.2f" }}x its recent '
@@ -629,7 +647,8 @@ def training_alerts(config: RulesConfig) -> Group:
         Alert(
             "GpuFleetDataLoaderStall",
             f"{share} > {config.data_wait_share}\n"
-            f"and {share} > on ({STAGE}) group_left {config.data_wait_peer_multiple} * {share_median}",
+            f"and {share} > on ({STAGE}) group_left {config.data_wait_peer_multiple} * {share_median}\n"
+            f"and on ({NODE_STAGE}) node:gpufleet_training_step_seconds:rate2m",
             "warning",
             "One node's ranks keep waiting on the data loader.",
             f"{JOB_NODE} spends {{{{ $value | humanizePercentage }}}} of its steps waiting for data, "

@@ -111,7 +111,7 @@ class RulesConfig:
     baseline_ratio: float = 1.10
     baseline_for: str = "10m"
     job_slowdown_ratio: float = 1.10
-    job_slowdown_for: str = "10m"
+    job_slowdown_for: str = "5m"
     stage_imbalance_ratio: float = 1.20
     stage_imbalance_for: str = "30m"
     hang_step_multiple: float = 10.0
