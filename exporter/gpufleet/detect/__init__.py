@@ -1,0 +1,1 @@
+"""Detection benchmark: evaluate alert rules over a history and score them."""

@@ -1,0 +1,330 @@
+"""Score alert firings against the simulator's ground truth.
+
+Per fault class: recall, and time to detect (first firing of an expected alert
+for the right node, or for the job when the fault is job-wide, minus the
+episode's start). Per page (a critical or warning firing): explained by a fault
+or by a condition the ground truth records (a job stalled, a storage-bound
+checkpoint, a cluster-wide slowdown), or false. False pages are attributed to
+the confounders active at the time, so that "no node page from any confounder"
+can be checked.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpufleet.detect.evaluate import Firing
+
+FAIL_SLOW_MIN_SLOWDOWN = 1.10
+FAIL_SLOW_MIN_SECONDS = 600.0
+WARMUP_S = 20 * 60  # rates and peers need data before anything can fire
+CENSOR_S = 30 * 60  # an episode this close to the end may be detected after it
+FAIL_STOP_WINDOW_S = 30 * 60
+# Alerts that read the fleet ledger, which a simulated history does not include.
+LEDGER_ALERTS = frozenset(
+    {
+        "GpuFleetLedgerDown",
+        "GpuFleetLedgerTargetMissing",
+        "GpuFleetRepeatOffenderNode",
+        "GpuFleetRetryChainFailing",
+        "GpuFleetExclusionConcentration",
+    }
+)
+NODE_FAULT_KINDS = frozenset(
+    {
+        "fail_stop",
+        "fail_slow_compute",
+        "precursor",
+        "xid_storm",
+        "ecc_degradation",
+        "nvlink_flapping",
+    }
+)
+
+
+@dataclass(slots=True)
+class EpisodeScore:
+    id: int
+    klass: str
+    kind: str
+    cause: str | None
+    node: str | None
+    start: float
+    end: float
+    slowdown: float | None
+    scored: bool
+    detected: bool = False
+    ttd_s: float | None = None
+    detected_by: str | None = None
+    note: str = ""
+
+
+@dataclass(slots=True)
+class PageScore:
+    alert: str
+    severity: str
+    node: str | None
+    training_job: str | None
+    start: float
+    end: float
+    explained_by: str | None
+    confounders: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Scores:
+    days: float
+    episodes: list[EpisodeScore]
+    pages: list[PageScore]
+
+    def by_class(self) -> list[dict[str, Any]]:
+        rows = []
+        for klass in sorted({e.klass for e in self.episodes}):
+            members = [e for e in self.episodes if e.klass == klass and e.scored]
+            detected = [e for e in members if e.detected]
+            times = sorted(e.ttd_s for e in detected if e.ttd_s is not None)
+            rows.append(
+                {
+                    "class": klass,
+                    "episodes": len(members),
+                    "detected": len(detected),
+                    "recall": len(detected) / len(members) if members else math.nan,
+                    "ttd_median_s": statistics.median(times) if times else math.nan,
+                    "ttd_p90_s": _quantile(times, 0.9),
+                    "not scored": sum(
+                        1 for e in self.episodes if e.klass == klass and not e.scored
+                    ),
+                }
+            )
+        return rows
+
+    def recall(self, klass: str) -> float:
+        row = next((r for r in self.by_class() if r["class"] == klass), None)
+        return float(row["recall"]) if row else math.nan
+
+    def ttd_median(self, klass: str) -> float:
+        row = next((r for r in self.by_class() if r["class"] == klass), None)
+        return float(row["ttd_median_s"]) if row else math.nan
+
+    @property
+    def false_pages(self) -> list[PageScore]:
+        return [page for page in self.pages if page.explained_by is None]
+
+    @property
+    def precision(self) -> float:
+        return 1 - len(self.false_pages) / len(self.pages) if self.pages else math.nan
+
+    @property
+    def false_pages_per_day(self) -> float:
+        return len(self.false_pages) / self.days
+
+    def confounder_node_pages(self) -> Counter[str]:
+        """Node pages that no fault explains, by the confounder active when they started."""
+        counts: Counter[str] = Counter()
+        for page in self.false_pages:
+            if page.node is None:
+                continue
+            for confounder in page.confounders or ["none"]:
+                counts[confounder] += 1
+        return counts
+
+
+def _quantile(values: list[float], q: float) -> float:
+    if not values:
+        return math.nan
+    position = q * (len(values) - 1)
+    low, high = math.floor(position), math.ceil(position)
+    return values[low] + (values[high] - values[low]) * (position - low)
+
+
+def _training_seconds(episode: dict[str, Any], truth: dict[str, Any]) -> float:
+    """Seconds of the episode during which the job trained (and, for a node-scoped
+    episode, the node was in the job): a slow GPU that does not train is invisible."""
+    low, high = float(episode["start"]), float(episode["end"])
+    blocked = list(_stalls(truth))
+    if episode["scope"] == "node":
+        blocked += [
+            (float(x["start"]), float(x["end"]))
+            for x in truth["exclusions"]
+            if x["node"] == episode["node"]
+        ]
+    covered = 0.0
+    cursor = low
+    for raw_start, raw_end in sorted(blocked):
+        block_start, block_end = max(raw_start, cursor), min(raw_end, high)
+        if block_end > block_start:
+            covered += block_end - block_start
+            cursor = block_end
+    return max(0.0, high - low - covered)
+
+
+def _classify(
+    episode: dict[str, Any], truth: dict[str, Any], start: float, end: float
+) -> tuple[str, bool, str]:
+    kind = episode["kind"]
+    note = ""
+    if kind == "fail_stop":
+        klass = {"node": "fail-stop (node)", "job": "fail-stop (job)"}.get(
+            episode["scope"], "fail-stop (invisible: silent data corruption)"
+        )
+        scored = episode["scope"] in ("node", "job")
+    elif kind in ("fail_slow_compute", "fail_slow_comm"):
+        slowdown = float(episode.get("details", {}).get("slowdown", episode["magnitude"]))
+        significant = (
+            slowdown >= FAIL_SLOW_MIN_SLOWDOWN
+            and episode["end"] - episode["start"] >= FAIL_SLOW_MIN_SECONDS
+        )
+        base = "fail-slow compute" if kind == "fail_slow_compute" else "fail-slow communication"
+        klass = base if significant else f"{base} (<10% or <10 min)"
+        scored = significant
+        if scored and _training_seconds(episode, truth) < FAIL_SLOW_MIN_SECONDS:
+            scored, note = False, "the job was not training for 10 minutes of it"
+    elif kind == "precursor":
+        klass, scored = "precursor", True
+    else:
+        klass, scored = kind, bool(episode["expected_alerts"])
+    if scored and episode["start"] < start + WARMUP_S:
+        scored, note = False, "starts before the rules have data"
+    elif scored and episode["start"] > end - CENSOR_S:
+        scored, note = False, "too close to the end of the history"
+    return klass, scored, note
+
+
+def _window(episode: dict[str, Any]) -> tuple[float, float]:
+    start = float(episode["start"])
+    details = episode.get("details") or {}
+    if episode["kind"] == "fail_stop":
+        early = float(details.get("slowdown_from", start))
+        return min(start, early) - 60.0, start + FAIL_STOP_WINDOW_S
+    if episode["kind"] == "precursor":
+        return start, float(episode["end"])
+    return start, float(episode["end"]) + 300.0
+
+
+def score(truth: dict[str, Any], firings: list[Firing]) -> Scores:
+    start, end = float(truth["start"]), float(truth["end"])
+    job = truth["cluster"]["job"]
+    episodes: list[EpisodeScore] = []
+    relevant = [f for f in firings if f.alert not in LEDGER_ALERTS]
+    for episode in truth["episodes"]:
+        if episode["kind"] in ("data_loader_stall", "cluster_slowdown", "checkpoint", "eval"):
+            continue
+        klass, scored, note = _classify(episode, truth, start, end)
+        result = EpisodeScore(
+            episode["id"],
+            klass,
+            episode["kind"],
+            episode["cause"],
+            episode["node"],
+            float(episode["start"]),
+            float(episode["end"]),
+            (episode.get("details") or {}).get("slowdown"),
+            scored,
+            note=note,
+        )
+        low, high = _window(episode)
+        expected = set(episode["expected_alerts"])
+        for firing in relevant:
+            if firing.alert not in expected or firing.start > high or firing.end < low:
+                continue
+            if episode["scope"] == "node" and firing.node != episode["node"]:
+                continue
+            if episode["scope"] == "job" and firing.node is not None:
+                continue
+            if episode["scope"] == "job" and firing.training_job not in (None, job):
+                continue
+            ttd = max(0.0, firing.start - float(episode["start"]))
+            if result.ttd_s is None or ttd < result.ttd_s:
+                result.detected, result.ttd_s, result.detected_by = True, ttd, firing.alert
+        episodes.append(result)
+    pages = [_explain(firing, truth) for firing in relevant if firing.is_page]
+    days = (end - start - WARMUP_S) / 86400.0
+    return Scores(days, episodes, pages)
+
+
+def _stalls(truth: dict[str, Any]) -> list[tuple[float, float]]:
+    attempts = sorted(truth["attempts"], key=lambda a: a["number"])
+    stalls = []
+    for previous, following in itertools.pairwise(attempts):
+        if previous["end"] is not None:
+            stalls.append((float(previous["end"]), float(following["first_step"])))
+    if attempts and attempts[-1]["end"] is not None:
+        stalls.append((float(attempts[-1]["end"]), float(truth["end"])))
+    return stalls
+
+
+def _overlaps(a0: float, a1: float, b0: float, b1: float) -> bool:
+    return a0 <= b1 and b0 <= a1
+
+
+def _explain(firing: Firing, truth: dict[str, Any]) -> PageScore:
+    page = PageScore(
+        firing.alert,
+        firing.severity,
+        firing.node,
+        firing.training_job,
+        firing.start,
+        firing.end,
+        None,
+    )
+    at = firing.start
+    for episode in truth["episodes"]:
+        kind = episode["kind"]
+        low, high = float(episode["start"]), float(episode["end"])
+        details = episode.get("details") or {}
+        low = min(low, float(details.get("slowdown_from", low)))
+        if firing.node is not None:
+            if (
+                kind in NODE_FAULT_KINDS
+                and episode["node"] == firing.node
+                and low - 600 <= at <= high + 1800
+            ):
+                page.explained_by = f"{kind}:{episode['id']}"
+                return page
+            if kind in ("fail_slow_comm",) and low <= at <= high + 600:
+                continue
+        else:
+            if (
+                firing.alert == "GpuFleetJobSlowdown"
+                and kind
+                in (
+                    "fail_slow_compute",
+                    "fail_slow_comm",
+                    "cluster_slowdown",
+                )
+                and _overlaps(low, high + 900, at - 900, at)
+            ):
+                page.explained_by = f"{kind}:{episode['id']}"
+                return page
+            if firing.alert in ("GpuFleetCheckpointQueueBound", "GpuFleetCheckpointSlow") and (
+                kind == "checkpoint" and _overlaps(low, high + 3600, at - 3600, at)
+            ):
+                queue = float(details.get("queue_wait_s", 0.0))
+                service = float(details.get("service_s", 0.0))
+                storage_bound = queue / (queue + service) > 0.9 if queue + service else False
+                slow = queue + service > 600
+                if (firing.alert == "GpuFleetCheckpointQueueBound" and storage_bound) or (
+                    firing.alert == "GpuFleetCheckpointSlow" and slow
+                ):
+                    page.explained_by = f"checkpoint:{episode['id']}"
+                    return page
+    if firing.node is None and firing.alert == "GpuFleetJobHung":
+        for stall_start, stall_end in _stalls(truth):
+            if stall_start - 60 <= at <= stall_end + 600:
+                page.explained_by = "job stalled"
+                return page
+    for episode in truth["episodes"]:
+        kind = episode["kind"]
+        if kind not in ("data_loader_stall", "cluster_slowdown", "checkpoint", "eval"):
+            continue
+        if kind == "data_loader_stall" and episode["node"] != firing.node:
+            continue
+        if _overlaps(float(episode["start"]) - 900, float(episode["end"]) + 900, at, at):
+            page.confounders.append(kind)
+    page.confounders = sorted(set(page.confounders))
+    return page

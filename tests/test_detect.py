@@ -1,0 +1,282 @@
+"""The detection benchmark's evaluation and scoring, on constructed inputs, and the
+whole benchmark end to end on a small simulated history against a real Prometheus."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpufleet.detect.evaluate import Firing, apply_for
+from gpufleet.detect.score import score
+
+ROOT = Path(__file__).resolve().parents[1]
+T0 = 1_800_000_000.0
+DAY = 86400.0
+
+
+class TestApplyFor:
+    def test_fires_after_for_and_ends_at_the_last_evaluation(self) -> None:
+        times = [T0 + 30 * i for i in range(11)]  # 0 .. 300 s
+        assert apply_for(times, 30, 120) == [(T0, T0 + 120, T0 + 300)]
+
+    def test_a_run_shorter_than_for_never_fires(self) -> None:
+        assert apply_for([T0, T0 + 30, T0 + 60], 30, 120) == []
+
+    def test_a_missing_evaluation_resets_the_pending_time(self) -> None:
+        first = [T0 + 30 * i for i in range(4)]  # 0 .. 90 s
+        second = [T0 + 150 + 30 * i for i in range(6)]  # 150 .. 300 s, 120 s missing
+        assert apply_for(first + second, 30, 120) == [(T0 + 150, T0 + 270, T0 + 300)]
+
+    def test_zero_for_fires_at_once_and_order_does_not_matter(self) -> None:
+        times = [T0 + 60, T0, T0 + 30, T0 + 600]
+        assert apply_for(times, 30, 0) == [(T0, T0, T0 + 60), (T0 + 600, T0 + 600, T0 + 600)]
+
+
+def episode(id_: int, kind: str, start: float, end: float, **fields: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "id": id_,
+        "kind": kind,
+        "start": start,
+        "end": end,
+        "node": None,
+        "gpu": None,
+        "cause": None,
+        "xid": None,
+        "magnitude": 1.0,
+        "expected_alerts": [],
+        "scope": "none",
+        "details": {},
+        "fault": False,
+    }
+    base.update(fields)
+    return base
+
+
+@pytest.fixture
+def truth() -> dict[str, Any]:
+    hour = 3600.0
+    return {
+        "start": T0,
+        "end": T0 + DAY,
+        "cluster": {"job": "llm", "nodes": 4, "node_names": ["n0", "n1", "n2", "n3"]},
+        "attempts": [
+            {"number": 1, "start": T0, "first_step": T0, "end": T0 + 10 * hour},
+            {"number": 2, "start": T0 + 10.2 * hour, "first_step": T0 + 10.3 * hour, "end": None},
+        ],
+        "exclusions": [{"node": "n1", "start": T0 + 10 * hour, "end": T0 + 14 * hour}],
+        "episodes": [
+            episode(
+                0,
+                "fail_stop",
+                T0 + 10 * hour,
+                T0 + 14 * hour,
+                node="n1",
+                scope="node",
+                fault=True,
+                expected_alerts=["GpuFleetCriticalXid", "GpuFleetGpuLost"],
+            ),
+            episode(
+                1,
+                "fail_slow_compute",
+                T0 + 2 * hour,
+                T0 + 3 * hour,
+                node="n2",
+                scope="node",
+                fault=True,
+                magnitude=1.3,
+                details={"slowdown": 1.3},
+                expected_alerts=["GpuFleetStragglerNode"],
+            ),
+            episode(  # too small to count: <10% slower
+                2,
+                "fail_slow_compute",
+                T0 + 4 * hour,
+                T0 + 5 * hour,
+                node="n3",
+                scope="node",
+                fault=True,
+                details={"slowdown": 1.05},
+                expected_alerts=["GpuFleetStragglerNode"],
+            ),
+            episode(
+                3,
+                "fail_slow_comm",
+                T0 + 6 * hour,
+                T0 + 7 * hour,
+                node="n0",
+                scope="job",
+                fault=True,
+                details={"slowdown": 1.2},
+                expected_alerts=["GpuFleetJobSlowdown"],
+            ),
+            episode(4, "data_loader_stall", T0 + 8 * hour, T0 + 8 * hour + 120, node="n3"),
+            # Starts during the warm-up: neither scored nor counted against recall.
+            episode(
+                5,
+                "fail_stop",
+                T0 + 60,
+                T0 + 600,
+                node="n0",
+                scope="node",
+                fault=True,
+                expected_alerts=["GpuFleetCriticalXid"],
+            ),
+        ],
+    }
+
+
+def firing(
+    alert: str, start: float, end: float, severity: str = "warning", **labels: str
+) -> Firing:
+    return Firing(alert, severity, tuple(sorted(labels.items())), start, end, start)
+
+
+class TestScore:
+    def test_right_alert_for_the_right_node_detects_with_its_delay(
+        self, truth: dict[str, Any]
+    ) -> None:
+        hour = 3600.0
+        scores = score(
+            truth,
+            [
+                firing(
+                    "GpuFleetGpuLost", T0 + 10 * hour + 45, T0 + 11 * hour, "critical", node="n1"
+                ),
+                firing(
+                    "GpuFleetStragglerNode",
+                    T0 + 2 * hour + 540,
+                    T0 + 3 * hour,
+                    node="n2",
+                    training_job="llm",
+                ),
+                firing(
+                    "GpuFleetJobSlowdown", T0 + 6 * hour + 480, T0 + 7 * hour, training_job="llm"
+                ),
+            ],
+        )
+        by_id = {e.id: e for e in scores.episodes}
+        assert (by_id[0].detected, by_id[0].ttd_s, by_id[0].detected_by) == (
+            True,
+            45,
+            "GpuFleetGpuLost",
+        )
+        assert (by_id[1].detected, by_id[1].ttd_s) == (True, 540)
+        assert (by_id[3].detected, by_id[3].ttd_s) == (True, 480)
+        assert not by_id[2].scored and by_id[2].klass == "fail-slow compute (<10% or <10 min)"
+        assert not by_id[5].scored and "before the rules have data" in by_id[5].note
+        assert scores.recall("fail-stop (node)") == 1.0
+        assert scores.recall("fail-slow compute") == 1.0
+        assert scores.recall("fail-slow communication") == 1.0
+        assert scores.ttd_median("fail-slow compute") == 540
+        assert scores.false_pages == [] and scores.precision == 1.0
+        assert scores.days == pytest.approx((DAY - 20 * 60) / DAY)
+
+    def test_a_page_for_the_wrong_node_is_false_and_detects_nothing(
+        self, truth: dict[str, Any]
+    ) -> None:
+        hour = 3600.0
+        scores = score(
+            truth,
+            [
+                firing(
+                    "GpuFleetStragglerNode",
+                    T0 + 2 * hour + 540,
+                    T0 + 3 * hour,
+                    node="n3",
+                    training_job="llm",
+                )
+            ],
+        )
+        assert not next(e for e in scores.episodes if e.id == 1).detected
+        assert scores.recall("fail-slow compute") == 0.0
+        assert math.isnan(scores.ttd_median("fail-slow compute"))
+        [page] = scores.false_pages
+        assert page.node == "n3" and scores.precision == 0.0
+        assert scores.false_pages_per_day == pytest.approx(1 / scores.days)
+
+    def test_a_node_page_during_a_data_stall_is_attributed_to_it(
+        self, truth: dict[str, Any]
+    ) -> None:
+        hour = 3600.0
+        scores = score(
+            truth,
+            [firing("GpuFleetStragglerNode", T0 + 8 * hour + 300, T0 + 8 * hour + 600, node="n3")],
+        )
+        assert scores.confounder_node_pages() == {"data_loader_stall": 1}
+
+    def test_a_job_page_is_not_credited_to_a_node_episode_and_vice_versa(
+        self, truth: dict[str, Any]
+    ) -> None:
+        hour = 3600.0
+        scores = score(
+            truth,
+            [
+                firing(
+                    "GpuFleetJobSlowdown",
+                    T0 + 6 * hour + 480,
+                    T0 + 7 * hour,
+                    node="n0",
+                    training_job="llm",
+                ),
+                firing(
+                    "GpuFleetJobSlowdown",
+                    T0 + 6 * hour + 600,
+                    T0 + 7 * hour,
+                    training_job="other-job",
+                ),
+            ],
+        )
+        assert scores.recall("fail-slow communication") == 0.0
+
+    def test_info_firings_are_not_pages_and_ledger_alerts_are_ignored(
+        self, truth: dict[str, Any]
+    ) -> None:
+        scores = score(
+            truth,
+            [
+                firing("GpuFleetStageImbalance", T0 + 7200, T0 + 9000, "info", training_job="llm"),
+                firing("GpuFleetRepeatOffenderNode", T0 + 7200, T0 + 9000, node="n2"),
+            ],
+        )
+        assert scores.pages == []
+        assert math.isnan(scores.precision)
+
+    def test_a_slow_episode_while_its_node_was_excluded_is_not_scored(
+        self, truth: dict[str, Any]
+    ) -> None:
+        hour = 3600.0
+        moved = copy.deepcopy(truth)
+        slow = next(e for e in moved["episodes"] if e["id"] == 1)
+        slow.update(node="n1", start=T0 + 11 * hour, end=T0 + 12 * hour)
+        result = next(e for e in score(moved, []).episodes if e.id == 1)
+        assert not result.scored and "not training" in result.note
+
+
+def load_bench() -> Any:
+    spec = importlib.util.spec_from_file_location("bench_detect", ROOT / "bench" / "detect.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_detect"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_quick_benchmark_finds_injected_faults_through_real_prometheus(tmp_path: Path) -> None:
+    """The whole pipeline: simulated history → promtool blocks → Prometheus → every
+    alert of alerts/ evaluated → scored. Small and with boosted fault rates, so the
+    thresholds are loose; the figures worth quoting come from the full benchmark."""
+    bench = load_bench()
+    scores = bench.run_seed(bench.scenario_for(32, quick=True), 201, 0.5, tmp_path, [])
+    assert len([e for e in scores.episodes if e.klass == "fail-stop (node)" and e.scored]) >= 3
+    assert scores.recall("fail-stop (node)") >= 0.8
+    assert scores.recall("fail-slow compute") >= 0.8
+    assert scores.ttd_median("fail-stop (node)") < 5 * 60
+    assert scores.ttd_median("fail-slow compute") < 15 * 60
+    assert scores.precision >= 0.9
+    assert scores.confounder_node_pages() == {}
