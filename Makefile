@@ -10,14 +10,17 @@ comma := ,
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-8)-$(subst $(comma),_,$(EXTRAS))
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help venv binaries test pytest lint format check-generated generate demo bench clean
+.PHONY: help venv binaries test pytest lint format check-generated generate demo bench \
+	bench-detect bench-detect-quick node-exporter clean
 
 help:
 	@echo "make demo             run agent + Prometheus + Alertmanager locally (Ctrl-C stops)"
 	@echo "make test             lint, generated-file check and the whole test suite"
 	@echo "make lint             ruff + mypy --strict"
 	@echo "make check-generated  fail if a generated file differs from what the code makes"
-	@echo "make bench            print every benchmark figure"
+	@echo "make bench            every benchmark, headline figures in one table (~25 min)"
+	@echo "make bench-detect     detection benchmark: 256 nodes x 3 days x 3 seeds (~1-2 h)"
+	@echo "make bench-detect-quick  small detection benchmark (under 3 min)"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -64,14 +67,19 @@ check-generated: generate
 demo: venv binaries
 	$(VENV)/bin/gpufleet demo --workdir .demo
 
-bench: venv binaries
+node-exporter:
 	@command -v prometheus-node-exporter >/dev/null || { \
 	  $(SUDO) apt-get update && \
 	  $(SUDO) apt-get install -y --no-install-recommends prometheus-node-exporter; }
-	$(PY) bench/agent_scrape.py
-	$(PY) bench/client_overhead.py
-	$(PY) bench/ingest_throughput.py
-	$(PY) bench/simulate_scale.py
+
+bench: venv binaries node-exporter
+	$(PY) bench/run_all.py
+
+bench-detect: venv binaries
+	$(PY) bench/detect.py
+
+bench-detect-quick: venv binaries
+	$(PY) bench/detect.py --quick
 
 clean:
 	rm -rf .demo bench/out .pytest_cache .mypy_cache .ruff_cache

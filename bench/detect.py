@@ -248,14 +248,16 @@ def main() -> int:
             results.append(run_seed(scenario, seed, args.days, Path(folder), log))
     scores = merge(results)
     print(report(scores, args, log, out))
+    slow = ("fail-slow compute", "fail-slow communication")
     print(
         f"failstop_recall={scores.recall('fail-stop (node)'):.3f} "
-        f"failslow_compute_recall={scores.recall('fail-slow compute'):.3f} "
-        f"failslow_comm_recall={scores.recall('fail-slow communication'):.3f} "
+        f"failslow_recall={scores.recall(*slow):.3f} "
         f"precision={scores.precision:.3f} "
         f"false_pages_per_day={scores.false_pages_per_day:.2f} "
+        f"ttd_failslow_median_s={scores.ttd_median(*slow):.0f} "
         f"ttd_failstop_median_s={scores.ttd_median('fail-stop (node)'):.0f} "
-        f"ttd_failslow_compute_median_s={scores.ttd_median('fail-slow compute'):.0f}"
+        f"failslow_compute_recall={scores.recall(slow[0]):.3f} "
+        f"failslow_comm_recall={scores.recall(slow[1]):.3f}"
     )
     return 0
 

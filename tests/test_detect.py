@@ -174,6 +174,8 @@ class TestScore:
         assert scores.recall("fail-slow compute") == 1.0
         assert scores.recall("fail-slow communication") == 1.0
         assert scores.ttd_median("fail-slow compute") == 540
+        both = ("fail-slow compute", "fail-slow communication")
+        assert scores.recall(*both) == 1.0 and scores.ttd_median(*both) == 510
         assert scores.false_pages == [] and scores.precision == 1.0
         assert scores.days == pytest.approx((DAY - 20 * 60) / DAY)
 
@@ -195,6 +197,7 @@ class TestScore:
         )
         assert not next(e for e in scores.episodes if e.id == 1).detected
         assert scores.recall("fail-slow compute") == 0.0
+        assert scores.recall("fail-slow compute", "fail-slow communication") == 0.0
         assert math.isnan(scores.ttd_median("fail-slow compute"))
         [page] = scores.false_pages
         assert page.node == "n3" and scores.precision == 0.0

@@ -103,13 +103,18 @@ class Scores:
             )
         return rows
 
-    def recall(self, klass: str) -> float:
-        row = next((r for r in self.by_class() if r["class"] == klass), None)
-        return float(row["recall"]) if row else math.nan
+    def recall(self, *klasses: str) -> float:
+        """Detected / scored episodes of these classes together."""
+        members = [e for e in self.episodes if e.klass in klasses and e.scored]
+        return sum(e.detected for e in members) / len(members) if members else math.nan
 
-    def ttd_median(self, klass: str) -> float:
-        row = next((r for r in self.by_class() if r["class"] == klass), None)
-        return float(row["ttd_median_s"]) if row else math.nan
+    def ttd_median(self, *klasses: str) -> float:
+        times = [
+            e.ttd_s
+            for e in self.episodes
+            if e.klass in klasses and e.scored and e.detected and e.ttd_s is not None
+        ]
+        return statistics.median(times) if times else math.nan
 
     @property
     def false_pages(self) -> list[PageScore]:

@@ -100,7 +100,9 @@ def touched_gpus(cluster: Cluster) -> list[tuple[int, int]]:
 class _Recorder:
     """Per-tick values of the written series, for the nodes of one shard."""
 
-    def __init__(self, cluster: Cluster, nodes: list[int], ticks: int) -> None:
+    def __init__(
+        self, cluster: Cluster, nodes: list[int], ticks: int, every_gpu: bool = False
+    ) -> None:
         self.cluster = cluster
         self.nodes = nodes
         self.gpus = cluster.gpus
@@ -116,7 +118,12 @@ class _Recorder:
         }
         self.ckpt_ok = np.full((ticks, count), np.nan)
         mine = self.mine = set(nodes)
-        self.touched = [pair for pair in touched_gpus(cluster) if pair[0] in mine]
+        touched_pairs = (
+            [(node, gpu) for node in nodes for gpu in range(cluster.gpus)]
+            if every_gpu
+            else touched_gpus(cluster)
+        )
+        self.touched = sorted(pair for pair in touched_pairs if pair[0] in mine)
         touched = len(self.touched)
         self.gpu_counters = {name: np.full((ticks, touched), np.nan) for name in GPU_COUNTERS}
         self.throttle = np.full((ticks, touched), np.nan)
@@ -314,11 +321,13 @@ def _write_shard(recorder: _Recorder, path: Path) -> int:
         return out.samples  # fmt: skip
 
 
-def _shard_job(arguments: tuple[Scenario, int, float, float, float, list[int], str]) -> int:
-    scenario, seed, start, end, step, nodes, path = arguments
+def _shard_job(
+    arguments: tuple[Scenario, int, float, float, float, list[int], str, bool],
+) -> int:
+    scenario, seed, start, end, step, nodes, path, every_gpu = arguments
     cluster = Cluster(scenario, seed, start, end - start)
     ticks = int((end - start) // step)
-    recorder = _Recorder(cluster, nodes, ticks)
+    recorder = _Recorder(cluster, nodes, ticks, every_gpu)
     for tick in range(ticks):
         cluster.advance(start + (tick + 1) * step)
         recorder.record()
@@ -334,8 +343,13 @@ def write_history(
     end: float | None = None,
     step: float = 30.0,
     shards: int = 2,
+    every_gpu: bool = False,
 ) -> HistoryResult:
-    """Simulate ``days`` ending at ``end`` (default: now) and write OpenMetrics + ground truth."""
+    """Simulate ``days`` ending at ``end`` (default: now) and write OpenMetrics + ground truth.
+
+    ``every_gpu`` writes the error counters and throttle flags of every GPU, also the
+    healthy ones (constant zeros): what a live Prometheus holds, for measuring rule cost.
+    """
     started = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
     end = float(int(end if end is not None else time.time()))
@@ -345,7 +359,7 @@ def write_history(
     groups = [list(range(nodes))[index::shards] for index in range(shards)]
     paths = [out / f"history-{index:02d}.om" for index in range(shards)]
     jobs = [
-        (scenario, seed, start, end, step, group, str(path))
+        (scenario, seed, start, end, step, group, str(path), every_gpu)
         for group, path in zip(groups, paths, strict=True)
     ]
     if shards == 1:
