@@ -12,6 +12,7 @@ import yaml
 
 from gpufleet.devstack import find_binary
 from gpufleet.rules.__main__ import write_all
+from gpufleet.rules.build import SHARD_LOCAL_FILES
 from gpufleet.simulate.faults import Alert
 
 ALERTS_DIR = Path(__file__).resolve().parents[1] / "alerts"
@@ -100,3 +101,54 @@ def test_every_alert_has_a_firing_test_and_a_silent_test() -> None:
 def test_every_alert_the_simulator_expects_exists() -> None:
     names = {alert["alert"] for alert in alerts()}
     assert {str(alert) for alert in Alert} <= names
+
+
+AGGREGATION = re.compile(
+    r"\b(sum|min|max|avg|count|group|stddev|stdvar|quantile|topk|bottomk|count_values)\s*"
+    r"(?:(by|without)\s*\(([^)]*)\))?\s*\("
+)
+
+
+def shard_placement_problems(rule_list: list[dict[str, Any]]) -> list[str]:
+    """What stops the shard-local files from running on a shard that holds only some
+    nodes: a recorded series from a global file, an aggregation that may cross nodes."""
+    recorded_in = {
+        rule["record"]: rule["_file"].split(".")[0] for rule in rule_list if "record" in rule
+    }
+    problems = []
+    for rule in rule_list:
+        if rule["_file"].split(".")[0] not in SHARD_LOCAL_FILES:
+            continue
+        name = rule.get("record") or rule["alert"]
+        expr = re.sub(r'"(?:[^"\\]|\\.)*"', '""', rule["expr"])
+        for used in re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", expr):
+            if recorded_in.get(used, "gpu") not in SHARD_LOCAL_FILES:
+                problems.append(f"{name} reads {used}, recorded in {recorded_in[used]}.rules.yaml")
+        if re.search(r"\babsent\s*\(", expr):
+            problems.append(f"{name}: absent() looks across every node")
+        for operator, clause, labels in AGGREGATION.findall(expr):
+            kept = {label.strip() for label in labels.split(",")}
+            if clause != "by" or not kept & {"node", "instance"}:
+                problems.append(f"{name}: {operator} {clause} ({labels}) may combine nodes")
+    return problems
+
+
+def test_shard_local_rules_stay_within_a_node() -> None:
+    assert shard_placement_problems(rules()) == []
+
+
+def test_the_shard_placement_check_finds_a_job_level_aggregation() -> None:
+    job_level = {
+        "alert": "JobLevel",
+        "expr": 'count by (training_job, xid) (gpu:gpufleet_gpu_xid_errors:new10m{x="a,b"})',
+        "_file": "gpu.rules.yaml",
+    }
+    global_read = {
+        "record": "gpu:bad:x",
+        "expr": "max by (node) (node:gpufleet_training_compute_ratio:rate5m)",
+        "_file": "gpu.rules.yaml",
+    }
+    problems = shard_placement_problems([*rules(), job_level, global_read])
+    assert len(problems) == 2
+    assert "JobLevel: count by (training_job, xid) may combine nodes" in problems[0]
+    assert "training.rules.yaml" in problems[1]

@@ -1,6 +1,11 @@
 """End to end: simulated nodes -> real Prometheus evaluating gpufleet's rules -> real
 Alertmanager -> webhook. A straggler and an XID 79 page for the right nodes; nothing else.
 
+Beside it, the sharded path of docs/SCALING.md: two Prometheus shards, each scraping
+half of the nodes and evaluating the per-GPU rules (gpu.rules.yaml), remote-write into
+VictoriaMetrics, where vmalert evaluates every rule that must see a whole job. The
+shards and vmalert together must fire exactly what the single Prometheus fires.
+
 The rules are generated from the same code as alerts/*.rules.yaml with shorter windows
 and ``for`` durations (seconds instead of minutes), so the test takes two minutes.
 """
@@ -22,6 +27,7 @@ from gpufleet.devstack import (
     wait_until,
 )
 from gpufleet.rules.__main__ import write_all
+from gpufleet.rules.build import SHARD_LOCAL_FILES
 from gpufleet.rules.config import RulesConfig
 from gpufleet.rules.inline import inlined_alerts
 from gpufleet.simulate.cluster import Cluster
@@ -69,6 +75,16 @@ def start_simulated_cluster(
     return simulator, targets
 
 
+def shard_relabeling(index: int, shards: int) -> list[dict[str, Any]]:
+    """Keep this shard's nodes. Hash the node, not the address: a node's gpufleet agent
+    and dcgm-exporter must land on the same shard."""
+    return [
+        {"source_labels": ["instance"], "modulus": shards, "target_label": "__tmp_shard",
+         "action": "hashmod"},
+        {"source_labels": ["__tmp_shard"], "regex": str(index), "action": "keep"},
+    ]  # fmt: skip
+
+
 def alert_key(alert: dict[str, Any]) -> tuple[str, str]:
     labels = alert["labels"]
     return labels["alertname"], labels.get("node", "-")
@@ -85,38 +101,51 @@ def test_a_straggler_and_an_xid_79_page_for_the_right_nodes_and_nothing_else(
     alertmanager_factory: Callable[..., AlertmanagerServer],
     webhook_receiver: Any,
 ) -> None:
-    """Also the scale-out path: Prometheus remote-writes into VictoriaMetrics, where
-    vmalert evaluates the very same rule files; both must fire the same alerts."""
     rules = [str(path) for path in write_all(tmp_path / "rules", FAST)]
+    shard_rules = [p for p in rules if Path(p).name.split(".")[0] in SHARD_LOCAL_FILES]
+    global_rules = [p for p in rules if p not in shard_rules]
+    assert shard_rules and global_rules
     simulator, targets = start_simulated_cluster(tmp_path, serve_asgi)
     victoria = VictoriaMetricsServer(tmp_path / "vm").start()
     vmalert: VmalertServer | None = None
     try:
         manager = alertmanager_factory(webhook_url=webhook_receiver.url)
-        silent_manager = alertmanager_factory()  # vmalert's notifications are compared, not paged
+        silent_manager = alertmanager_factory()  # the sharded path is compared, not paged
+        scrape = {
+            "job_name": "gpufleet-agent",
+            "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}],
+        }
         prometheus = prometheus_factory(
-            scrape_configs=[
-                {
-                    "job_name": "gpufleet-agent",
-                    "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}],
-                }
-            ],
-            rule_files=rules,
-            alertmanager_urls=[manager.url],
-            remote_write_urls=[f"{victoria.url}/api/v1/write"],
+            scrape_configs=[scrape], rule_files=rules, alertmanager_urls=[manager.url]
         )
+        shards = [
+            prometheus_factory(
+                scrape_configs=[{**scrape, "relabel_configs": shard_relabeling(index, 2)}],
+                rule_files=shard_rules,
+                alertmanager_urls=[silent_manager.url],
+                remote_write_urls=[f"{victoria.url}/api/v1/write"],
+            )
+            for index in range(2)
+        ]
         vmalert = VmalertServer(
-            tmp_path / "vmalert", rules, victoria.url, silent_manager.url
+            tmp_path / "vmalert", global_rules, victoria.url, silent_manager.url
         ).start()
         prometheus.wait_for_targets_up(16, timeout=60)
 
-        seen: dict[str, set[tuple[str, str]]] = {"prometheus": set(), "vmalert": set()}
+        def shards_split_the_nodes() -> bool:
+            up = [[t for t in shard.active_targets() if t["health"] == "up"] for shard in shards]
+            return sum(map(len, up)) == 16 and min(map(len, up)) > 0
+
+        wait_until(shards_split_the_nodes, 60, interval=0.5, what="16 nodes over 2 shards")
+
+        seen: dict[str, set[tuple[str, str]]] = {"prometheus": set(), "sharded": set()}
 
         def both_fired() -> bool:
             seen["prometheus"] |= {alert_key(a) for a in prometheus.firing_alerts()}
             assert vmalert is not None
-            seen["vmalert"] |= {alert_key(a) for a in vmalert.firing_alerts()}
-            return seen["prometheus"] >= EXPECTED and seen["vmalert"] >= EXPECTED
+            for engine in (*shards, vmalert):
+                seen["sharded"] |= {alert_key(a) for a in engine.firing_alerts()}
+            return seen["prometheus"] >= EXPECTED and seen["sharded"] >= EXPECTED
 
         def paged() -> set[tuple[str, str]]:
             return {alert_key(alert) for alert in webhook_receiver.alerts()}
@@ -126,7 +155,7 @@ def test_a_straggler_and_an_xid_79_page_for_the_right_nodes_and_nothing_else(
         time.sleep(10)  # anything else about to page has had the time to
         both_fired()
         assert paged() == EXPECTED
-        assert seen["prometheus"] == seen["vmalert"] == EXPECTED
+        assert seen["prometheus"] == seen["sharded"] == EXPECTED
 
         alerts = webhook_receiver.alerts()
         for alert in alerts:

@@ -261,16 +261,6 @@ def gpu_alerts(config: RulesConfig) -> Group:
             "Action: {{ $labels.action }}.",
         ),
         Alert(
-            "GpuFleetApplicationXid",
-            f"count by (training_job, xid) (\n"
-            f'  max by (node, xid) ({xid} * on (xid) group_left gpufleet:xid_catalogue:info{{class="application"}})\n'
-            f"  * on (node) group_left (training_job) max by (node, training_job) (gpufleet_training_ranks)\n)",
-            "info",
-            "GPUs of a training job reported XIDs that usually come from the application.",
-            "{{ $value }} GPU(s) of job {{ $labels.training_job }} reported XID {{ $labels.xid }} "
-            f"in {config.xid_window}: usually the application, not the hardware. Check the job's logs.",
-        ),
-        Alert(
             "GpuFleetEccUncorrectable",
             dbe,
             "critical",
@@ -655,6 +645,18 @@ def training_alerts(config: RulesConfig) -> Group:
             "far more than its peers: check its local disk, page cache, CPU and network to storage.",
             config.data_wait_for,
         ),
+        # Job-level, so it lives with the training alerts: on a sharded setup it must
+        # see every node of the job (docs/SCALING.md).
+        Alert(
+            "GpuFleetApplicationXid",
+            f"count by (training_job, xid) (\n"
+            f'  max by (node, xid) (gpu:gpufleet_gpu_xid_errors:new{config.xid_window} * on (xid) group_left gpufleet:xid_catalogue:info{{class="application"}})\n'
+            f"  * on (node) group_left (training_job) max by (node, training_job) (gpufleet_training_ranks)\n)",
+            "info",
+            "GPUs of a training job reported XIDs that usually come from the application.",
+            "{{ $value }} node(s) of job {{ $labels.training_job }} reported XID {{ $labels.xid }} "
+            f"in {config.xid_window}: usually the application, not the hardware. Check the job's logs.",
+        ),
     ]
     return Group("gpufleet-training-alerts", rules)
 
@@ -824,6 +826,14 @@ def reliability_groups(config: RulesConfig) -> list[Group]:
         Group("gpufleet-reliability-recording", records),
         Group("gpufleet-reliability-alerts", alerts),
     ]
+
+
+# Where the rule files run when scraping is sharded (docs/SCALING.md). gpu.rules.yaml
+# works per GPU and per node: each shard Prometheus evaluates it on its own nodes,
+# next to the bulk of the data. Every other file compares nodes of a job with each
+# other (stage medians, job step time) or reads the ledger, and runs once, on a
+# ruler that sees every node (vmalert, Thanos Ruler, Mimir's ruler).
+SHARD_LOCAL_FILES = frozenset({"gpu"})
 
 
 def rule_files(config: RulesConfig | None = None) -> list[RuleFile]:
