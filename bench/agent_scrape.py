@@ -15,28 +15,21 @@ from __future__ import annotations
 import argparse
 import gzip
 import http.client
-import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from gpufleet.devstack import ManagedProcess, free_port, http_get, wait_until
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    return (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
+from gpufleet.devstack import (
+    ManagedProcess,
+    agent_process,
+    free_port,
+    http_get,
+    wait_until,
+)
+from gpufleet.devstack import process_cpu_seconds as cpu_seconds
+from gpufleet.devstack import process_rss_mib as rss_mib
 
 
 def series_count(text: str) -> int:
@@ -88,23 +81,7 @@ def main() -> int:
     node_exporter = shutil.which("prometheus-node-exporter")
     workdir = Path(tempfile.mkdtemp(prefix="gpufleet-bench-"))
     agent_port, node_port = free_port(), free_port()
-    agent = ManagedProcess(
-        [
-            sys.executable,
-            "-m",
-            "gpufleet",
-            "agent",
-            "--gpu-source",
-            "synthetic",
-            "--gpu-interval",
-            "1",
-            "--listen",
-            f"127.0.0.1:{agent_port}",
-            "--log-level",
-            "warning",
-        ],
-        workdir / "agent.log",
-    )
+    agent = agent_process(workdir, agent_port, "synthetic", "--gpu-interval", "1")
     processes = [agent]
     agent.start()
     if node_exporter:

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from gpufleet.client import Reporter
-from gpufleet.devstack import ManagedProcess, free_port, http_get, wait_until
+from gpufleet.devstack import agent_process, free_port, http_get, wait_until
 
 
 def timed(calls: int, body: Callable[[int], None]) -> list[int]:
@@ -44,21 +43,7 @@ def main() -> int:
 
     port = free_port()
     workdir = Path(tempfile.mkdtemp(prefix="gpufleet-bench-client-"))
-    agent = ManagedProcess(
-        [
-            sys.executable,
-            "-m",
-            "gpufleet",
-            "agent",
-            "--gpu-source",
-            "none",
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--log-level",
-            "warning",
-        ],
-        workdir / "agent.log",
-    )
+    agent = agent_process(workdir, port)
     agent.start()
     try:
         wait_until(lambda: http_get(f"http://127.0.0.1:{port}/readyz"), 30, what="agent")

@@ -19,7 +19,6 @@ import argparse
 import csv
 import json
 import math
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,7 +27,7 @@ from pathlib import Path
 
 from gpufleet.detect.evaluate import PrometheusRange, evaluate_all
 from gpufleet.detect.score import LEDGER_ALERTS, Scores, score
-from gpufleet.devstack import PrometheusServer, find_binary
+from gpufleet.devstack import PrometheusServer, backfill
 from gpufleet.rules.inline import inlined_alerts
 from gpufleet.simulate.config import FaultRates, Scenario, load_scenario
 from gpufleet.simulate.history import write_history
@@ -59,24 +58,7 @@ def run_seed(scenario: Scenario, seed: int, days: float, workdir: Path, log: lis
     history = write_history(scenario, seed, days, workdir / "history", end=end, shards=2)
     wrote = time.monotonic() - started
     tsdb = workdir / "tsdb"
-    started = time.monotonic()
-    workers = [
-        subprocess.Popen(
-            [
-                find_binary("promtool"),
-                "tsdb",
-                "create-blocks-from",
-                "openmetrics",
-                str(path),
-                str(tsdb),
-            ],
-            stdout=subprocess.DEVNULL,
-        )
-        for path in history.files
-    ]
-    if any(worker.wait() != 0 for worker in workers):
-        raise SystemExit("promtool could not import the history")
-    imported = time.monotonic() - started
+    imported = backfill(history.files, tsdb)
     prometheus = PrometheusServer(
         workdir / "prometheus",
         storage_path=tsdb,

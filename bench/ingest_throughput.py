@@ -18,29 +18,18 @@ import http.client
 import json
 import os
 import shutil
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-from gpufleet.devstack import ManagedProcess, free_port, http_get, wait_until
+from gpufleet.devstack import agent_process, free_port, http_get, wait_until
+from gpufleet.devstack import process_cpu_seconds as cpu_seconds
+from gpufleet.devstack import process_rss_mib as rss_mib
 
 RANKS = 64
 STAGES = 4
 STEPS_PER_BODY = 64  # x 64 ranks = 4,096 events per POST
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def body(first_step: int) -> bytes:
@@ -133,22 +122,7 @@ def main() -> int:
         if shutil.which("taskset") and os.cpu_count() and os.cpu_count() > 1
         else []
     )  # type: ignore[operator]
-    agent = ManagedProcess(
-        [
-            *pin,
-            sys.executable,
-            "-m",
-            "gpufleet",
-            "agent",
-            "--gpu-source",
-            "none",
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--log-level",
-            "warning",
-        ],
-        workdir / "agent.log",
-    )
+    agent = agent_process(workdir, port, prefix=pin)
     agent.start()
     if pin:
         os.sched_setaffinity(0, {1})

@@ -18,9 +18,7 @@
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,20 +27,16 @@ from pathlib import Path
 from gpufleet.devstack import (
     ManagedProcess,
     PrometheusServer,
-    find_binary,
+    backfill,
     free_port,
     http_get,
     wait_until,
 )
+from gpufleet.devstack import process_cpu_seconds as cpu_seconds
 from gpufleet.simulate.config import load_scenario
 from gpufleet.simulate.history import write_history
 
 RULES = Path(__file__).resolve().parents[1] / "alerts"
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def history(days: float, nodes: int, promtool: bool, workdir: Path) -> None:
@@ -54,26 +48,8 @@ def history(days: float, nodes: int, promtool: bool, workdir: Path) -> None:
     gigabytes = size / 1e9
     print(f"  wrote {result.samples:,} samples ({gigabytes:.2f} GB) in {result.seconds:.1f} s")
     if promtool:
-        binary = find_binary("promtool")
-        started = time.monotonic()
-        workers = [
-            subprocess.Popen(
-                [
-                    binary,
-                    "tsdb",
-                    "create-blocks-from",
-                    "openmetrics",
-                    str(path),
-                    str(workdir / "tsdb"),
-                ],
-                stdout=subprocess.DEVNULL,
-            )
-            for path in result.files
-        ]
-        for worker in workers:
-            if worker.wait() != 0:
-                raise SystemExit("promtool failed")
-        print(f"  promtool (2 in parallel) made TSDB blocks in {time.monotonic() - started:.1f} s")
+        seconds = backfill(result.files, workdir / "tsdb")
+        print(f"  promtool (2 in parallel) made TSDB blocks in {seconds:.1f} s")
     print(f"sim_history_write_s={result.seconds:.1f} sim_history_samples={result.samples}")
 
 
@@ -178,18 +154,7 @@ def warm(nodes: int, hours: float, workdir: Path) -> None:
         scenario, 0, hours / 24, workdir / "warm-history", end=end, shards=2, every_gpu=True
     )
     tsdb = workdir / "warm-tsdb"
-    started = time.monotonic()
-    workers = [
-        subprocess.Popen(
-            [find_binary("promtool"), "tsdb", "create-blocks-from", "openmetrics", str(path),
-             str(tsdb)],
-            stdout=subprocess.DEVNULL,
-        )
-        for path in result.files
-    ]  # fmt: skip
-    if any(worker.wait() != 0 for worker in workers):
-        raise SystemExit("promtool failed")
-    imported = time.monotonic() - started
+    imported = backfill(result.files, tsdb)
     shutil.rmtree(workdir / "warm-history")
     rules = sorted(str(path) for path in RULES.glob("*.rules.yaml"))
     prometheus_port = free_port()

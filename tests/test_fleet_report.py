@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gpufleet.devstack import PrometheusServer, find_binary
+from gpufleet.devstack import PrometheusServer, backfill
 from gpufleet.fleet.app import create_app
 from gpufleet.fleet.store import LedgerStore
 
@@ -61,20 +61,7 @@ def test_report_from_simulated_history_and_ledger(
         timeout=300,
     )
     tsdb = tmp_path / "tsdb"
-    for path in sorted(history.glob("history-*.om")):
-        subprocess.run(
-            [
-                find_binary("promtool"),
-                "tsdb",
-                "create-blocks-from",
-                "openmetrics",
-                str(path),
-                str(tsdb),
-            ],
-            check=True,
-            capture_output=True,
-            timeout=300,
-        )
+    backfill(sorted(history.glob("history-*.om")), tsdb)
     prometheus = prometheus_factory(
         storage_path=tsdb, extra_args=["--storage.tsdb.retention.time=30d"]
     )

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gpufleet.devstack import PrometheusServer, find_binary, wait_until
+from gpufleet.devstack import PrometheusServer, backfill, wait_until
 from gpufleet.simulate.cluster import Cluster
 from gpufleet.simulate.config import load_scenario
 from gpufleet.simulate.history import write_history
@@ -87,12 +87,7 @@ episodes:
     history = tmp_path / "history"
     result = write_history(load_scenario(str(scenario_file)), 3, 2 / 24, history, end=end)
     tsdb = tmp_path / "tsdb"
-    promtool = find_binary("promtool")
-    for path in result.files:
-        subprocess.run(
-            [promtool, "tsdb", "create-blocks-from", "openmetrics", str(path), str(tsdb)],
-            check=True, capture_output=True, timeout=300,
-        )  # fmt: skip
+    backfill(result.files, tsdb)
     server = prometheus_factory(storage_path=tsdb, extra_args=["--storage.tsdb.retention.time=30d"])
 
     truth = json.loads(result.ground_truth.read_text())

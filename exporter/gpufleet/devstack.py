@@ -13,6 +13,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.parse
@@ -147,6 +148,65 @@ class ManagedProcess:
         except OSError:
             return ""
         return "\n".join(text.splitlines()[-lines:])
+
+
+def backfill(history_files: Sequence[Path], tsdb: Path) -> float:
+    """Turn OpenMetrics files into TSDB blocks under ``tsdb`` with promtool, one process
+    per file in parallel; return the wall seconds it took."""
+    started = time.monotonic()
+    binary = find_binary("promtool")
+    workers = [
+        subprocess.Popen(
+            [binary, "tsdb", "create-blocks-from", "openmetrics", str(path), str(tsdb)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        for path in history_files
+    ]
+    failures = []
+    for path, worker in zip(history_files, workers, strict=True):
+        _, error = worker.communicate()
+        if worker.returncode != 0:
+            failures.append(f"{path}: {error.decode(errors='replace')[-2000:]}")
+    if failures:
+        raise DevstackError("promtool could not import the history:\n" + "\n".join(failures))
+    return time.monotonic() - started
+
+
+def process_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds the process has used (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def agent_process(
+    workdir: Path, port: int, gpu_source: str = "none", *extra: str, prefix: Sequence[str] = ()
+) -> ManagedProcess:
+    """``gpufleet agent`` on 127.0.0.1:port as a child process (not started yet)."""
+    return ManagedProcess(
+        [
+            *prefix,
+            sys.executable,
+            "-m",
+            "gpufleet",
+            "agent",
+            "--gpu-source",
+            gpu_source,
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--log-level",
+            "warning",
+            *extra,
+        ],
+        workdir / "agent.log",
+    )
 
 
 def static_scrape_config(
