@@ -605,7 +605,9 @@ def training_alerts(config: RulesConfig) -> Group:
             "GpuFleetJobSlowdown",
             "job:gpufleet_training_step_seconds:median10m\n"
             f"/ job:gpufleet_training_step_seconds:baseline{config.baseline_window} > {config.job_slowdown_ratio}\n"
-            f"and on (training_job) count by (training_job) (node:gpufleet_training_step_seconds:rate2m)",
+            f"and on (training_job) count by (training_job) (node:gpufleet_training_step_seconds:rate2m)\n"
+            # A straggler slows a lock-step job too; it has its own page, naming the node.
+            f"unless on (training_job) max by (training_job) ({ratio}) > {config.straggler_ratio}",
             "warning",
             "A training job runs slower than its recent baseline (job-wide, not one node).",
             'Job {{ $labels.training_job }} takes {{ $value | printf "%.2f" }}x its recent '
