@@ -42,6 +42,21 @@ def test_promtool_checks_every_rule_file() -> None:
     assert len(RULE_FILES) == 5
 
 
+def vmalert_dry_run(files: list[Path]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [find_binary("vmalert"), "-dryRun", *(f"-rule={path}" for path in files)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+
+
+def test_vmalert_accepts_every_rule_file_unchanged(tmp_path: Path) -> None:
+    result = vmalert_dry_run(RULE_FILES)
+    assert result.returncode == 0, result.stdout + result.stderr
+    broken = tmp_path / "broken.rules.yaml"
+    broken.write_text("groups:\n- name: x\n  rules:\n  - alert: Bad\n    expr: sum(rate(x[5m])\n")
+    assert vmalert_dry_run([*RULE_FILES, broken]).returncode != 0
+
+
 @pytest.mark.parametrize("test_file", TEST_FILES, ids=lambda path: path.name)
 def test_promtool_unit_tests(test_file: Path) -> None:
     result = subprocess.run(
