@@ -167,6 +167,28 @@ def test_buffered_events_are_flushed_at_exit(serve_asgi: Callable[..., Any]) -> 
     )
     subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
     assert counter(agent, "gpufleet_training_steps_total", training_job="exit-job") == 25
+    # ...and then tell the agent the rank finished (after its steps: an unknown rank
+    # would be ignored), so the job's end does not look like a hang
+    finished = counter(
+        agent, "gpufleet_training_finished_timestamp_seconds", training_job="exit-job"
+    )
+    assert time.time() - 60 < finished <= time.time()
+
+
+def test_finish_marks_the_rank_done_until_it_steps_again(serve_asgi: Callable[..., Any]) -> None:
+    agent, url = start_agent(serve_asgi)
+    reporter = Reporter(url, training_job="fit-job", rank=0)
+    try:
+        reporter.record_step(0.1, step=0)
+        assert reporter.finish(5)
+        labels = {"training_job": "fit-job"}
+        assert counter(agent, "gpufleet_training_finished_timestamp_seconds", **labels) > 0
+        reporter.record_step(0.1, step=1)  # e.g. trainer.test() after trainer.fit()
+        assert reporter.flush(5)
+        assert counter(agent, "gpufleet_training_finished_timestamp_seconds", **labels) == 0
+        assert reporter.sent == 2  # the finish marker is not an event
+    finally:
+        reporter.close()
 
 
 def test_a_forked_child_reports_on_its_own(serve_asgi: Callable[..., Any]) -> None:

@@ -417,6 +417,31 @@ def test_checkpoint_validation(node: Node) -> None:
     assert bad_op.json()["detail"][0]["field"] == "events.0.op"
 
 
+def test_a_stage_finishes_once_every_rank_it_saw_has_finished(node: Node) -> None:
+    def finish(*ranks: int, job: str = "llm-7b") -> Any:
+        events = [{"training_job": job, "rank": rank, "pp_stage": 0} for rank in ranks]
+        return node.client.post("/v1/finished", json={"events": events})
+
+    finished = "gpufleet_training_finished_timestamp_seconds"
+    assert node.post_steps([step(rank, 0) for rank in range(2)]).status_code == 202
+    assert node.value(finished, **STAGE0) == 0
+    assert finish(0).json() == {"accepted": 1}
+    assert node.value(finished, **STAGE0) == 0, "rank 1 still runs"
+    node.clock.now += 5
+    assert finish(1).status_code == 202
+    assert node.value(finished, **STAGE0) == node.clock.now
+    node.clock.now += 5
+    assert node.post_steps([step(1, 1)]).status_code == 202
+    assert node.value(finished, **STAGE0) == 0, "a rank that steps again runs again"
+
+    before = node.training_state()
+    assert finish(0, job="never-seen").status_code == 202
+    assert finish(7).status_code == 202
+    assert node.training_state() == before, "an unknown job or rank creates nothing"
+    bad = node.client.post("/v1/finished", json={"events": [{"training_job": "x", "rank": -1}]})
+    assert bad.status_code == 422 and bad.json()["detail"][0]["field"] == "events.0.rank"
+
+
 def test_drops_reported_by_clients_are_counted(node: Node) -> None:
     node.post_steps([step(0, 0)], dropped=42)
     assert node.value("gpufleet_ingest_client_dropped_total") == 42

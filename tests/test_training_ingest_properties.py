@@ -133,7 +133,7 @@ def training_state(test_client: TestClient) -> dict[Any, float]:
 @settings(
     max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(body=bodies, path=st.sampled_from(["/v1/steps", "/v1/checkpoints"]))
+@given(body=bodies, path=st.sampled_from(["/v1/steps", "/v1/checkpoints", "/v1/finished"]))
 def test_any_body_gets_an_answer_below_500_and_refusals_change_nothing(
     client: tuple[TestClient, Agent], body: str, path: str
 ) -> None:

@@ -557,7 +557,35 @@ def training_recording(config: RulesConfig) -> list[Group]:
             f"quantile by ({STAGE}) (0.5, node:gpufleet_training_data_wait_share:rate{config.data_wait_window})",
         ),
     ]
-    return [Group("gpufleet-training-peers", peers), Group("gpufleet-training-trends", trends)]
+    memory = config.hang_memory
+    last_step = f"node:gpufleet_training_last_step_timestamp:max{memory}"
+    finished = f"node:gpufleet_training_finished_timestamp:last{memory}"
+    ends = [
+        # For hang detection, remembered past the agent's job TTL (series vanish then).
+        Record(
+            last_step,
+            f"max by ({NODE_STAGE}) (max_over_time("
+            f"{metric('gpufleet_training_last_step_timestamp_seconds', config.agent_selector)}[{memory}]))",
+        ),
+        Record(
+            finished,
+            f"max by ({NODE_STAGE}) (last_over_time("
+            f"{metric('gpufleet_training_finished_timestamp_seconds', config.agent_selector)}[{memory}]))",
+        ),
+        # The node-stages that stepped last in their job and have not finished since:
+        # a job with none left ended; one with some left may have hung. Node-stages that
+        # stopped long before the rest (a node excluded an attempt ago) do not count.
+        Record(
+            f"node:gpufleet_training_unfinished_last_step_timestamp:max{memory}",
+            f"{last_step}\n  >= on (training_job) group_left ()\n"
+            f"  (max by (training_job) ({last_step}) - {config.hang_min_seconds})\n"
+            f"unless on ({NODE_STAGE}) ({finished} >= {last_step})",
+        ),
+    ]
+    return [
+        Group("gpufleet-training-peers", peers),
+        Group("gpufleet-training-trends", [*trends, *ends]),
+    ]
 
 
 def training_alerts(config: RulesConfig) -> Group:
@@ -569,7 +597,8 @@ def training_alerts(config: RulesConfig) -> Group:
     rank_z = f"node:gpufleet_training_rank_compute_zscore:max{w}"
     ranks = f"stage:gpufleet_training_ranks:count{w}"
     median = f"stage:gpufleet_training_slowest_compute_per_step:median{w}"
-    last_step = metric("gpufleet_training_last_step_timestamp_seconds", config.agent_selector)
+    last_step_memory = f"node:gpufleet_training_last_step_timestamp:max{config.hang_memory}"
+    unfinished = f"node:gpufleet_training_unfinished_last_step_timestamp:max{config.hang_memory}"
     in_flight = metric("gpufleet_checkpoint_in_flight", config.agent_selector)
     share = f"node:gpufleet_training_data_wait_share:rate{config.data_wait_window}"
     share_median = f"stage:gpufleet_training_data_wait_share:median{config.data_wait_window}"
@@ -626,10 +655,12 @@ def training_alerts(config: RulesConfig) -> Group:
         ),
         Alert(
             "GpuFleetJobHung",
-            f"(time() - max by (training_job) (max_over_time({last_step}[{config.hang_memory}])))\n"
+            f"(time() - max by (training_job) ({last_step_memory}))\n"
             f"> on (training_job) clamp_min({config.hang_step_multiple} * job:gpufleet_training_step_seconds:avg1h, "
             f"{config.hang_min_seconds})\n"
-            f"unless on (training_job) (sum by (training_job) ({in_flight}) > 0)",
+            f"unless on (training_job) (sum by (training_job) ({in_flight}) > 0)\n"
+            # A job whose last ranks all said they finished ended; it did not hang.
+            f"and on (training_job) count by (training_job) ({unfinished})",
             "critical",
             "A training job has made no progress for many step times.",
             "Job {{ $labels.training_job }} has reported no step for {{ $value | humanizeDuration }}. "

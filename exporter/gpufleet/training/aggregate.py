@@ -28,7 +28,7 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import Collector
 
-from gpufleet.training.models import CheckpointBatch, StepBatch
+from gpufleet.training.models import CheckpointBatch, FinishedBatch, StepBatch
 
 DEFAULT_STEP_BUCKETS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 _FINALIZED_MEMORY = 4096  # recent steps whose slowest-rank figure is already counted
@@ -64,6 +64,7 @@ class RankStats:
     steps: int = 0
     compute_seconds: float = 0.0
     last_seen: float = 0.0
+    finished: bool = False
 
 
 @dataclass(slots=True)
@@ -80,6 +81,7 @@ class StageStats:
     slowest_steps: int = 0
     last_step_time: float = 0.0
     last_step: int = 0
+    finished_time: float = 0.0  # when every rank seen here had finished; 0 while any runs
     bucket_counts: list[int] = field(default_factory=list)
     phase_steps: Counter[str] = field(default_factory=Counter)
     phase_seconds: dict[str, float] = field(default_factory=dict)
@@ -171,6 +173,9 @@ class TrainingAggregator(Collector):
                     self._rank_values[event.rank] += 1
                     stage.active_ranks += 1
                 rank.last_seen = now
+                if rank.finished:  # the rank runs again (a new attempt, or fit after test)
+                    rank.finished = False
+                    stage.finished_time = 0.0
                 stage.last_step_time = now
                 stage.last_step = max(stage.last_step, event.step)
                 if event.phase != "train":
@@ -237,6 +242,23 @@ class TrainingAggregator(Collector):
                 stats.queue_wait_seconds += event.queue_wait_s
                 stats.service_seconds += event.service_s
                 stats.bytes += event.bytes
+
+    def add_finished(self, batch: FinishedBatch) -> None:
+        """Mark ranks finished. A rank the agent never saw creates nothing."""
+        now = self._clock()
+        with self._lock:
+            self._client_dropped += batch.dropped
+            self._accepted["finished"] += len(batch.events)
+            for event in batch.events:
+                job = self._jobs.get(event.training_job)
+                stage = job.stages.get(event.pp_stage) if job else None
+                rank = stage.ranks.get(event.rank) if stage else None
+                if job is None or stage is None or rank is None:
+                    continue
+                job.last_seen = now
+                rank.finished = True
+                if all(r.finished for r in stage.ranks.values()):
+                    stage.finished_time = now
 
     def _job(self, name: str, now: float) -> JobState:
         job = self._jobs.get(name)
@@ -353,7 +375,7 @@ class TrainingAggregator(Collector):
         accepted = CounterMetricFamily(
             "gpufleet_ingest_accepted_events", "Events accepted by the ingest API.", labels=["kind"]
         )
-        for kind in ("steps", "checkpoints"):
+        for kind in ("steps", "checkpoints", "finished"):
             accepted.add_metric([kind], self._accepted.get(kind, 0))
         rejected = CounterMetricFamily(
             "gpufleet_ingest_rejected",
@@ -431,6 +453,11 @@ def training_families(
         "gpufleet_training_ranks",
         "Ranks that reported a step recently (within the rank window).",
     )
+    finished = gauge(
+        "gpufleet_training_finished_timestamp_seconds",
+        "When every rank seen in this stage had reported that it finished (Unix time, "
+        "agent clock); 0 while any rank still runs.",
+    )
     phase_n = counter(
         "gpufleet_training_phase_steps",
         "Steps per phase (train, eval, checkpoint), one per rank per step.",
@@ -465,6 +492,7 @@ def training_families(
             last_ts.add_metric(labels, stage.last_step_time)
             last_step.add_metric(labels, stage.last_step)
             ranks.add_metric(labels, stage.active_ranks)
+            finished.add_metric(labels, stage.finished_time)
             for phase in ("train", "eval", "checkpoint"):
                 phase_n.add_metric([*labels, phase], stage.phase_steps.get(phase, 0))
                 phase_s.add_metric([*labels, phase], stage.phase_seconds.get(phase, 0.0))
@@ -472,7 +500,7 @@ def training_families(
                 rank_compute.add_metric([*labels, str(rank_id)], rank.compute_seconds)
                 rank_steps.add_metric([*labels, str(rank_id)], rank.steps)
     yield from (steps, step_s, compute_s, data_s, comm_s, tokens, slow_s, slow_n, histogram)
-    yield from (last_ts, last_step, ranks, phase_n, phase_s, rank_compute, rank_steps)
+    yield from (last_ts, last_step, ranks, finished, phase_n, phase_s, rank_compute, rank_steps)
     yield from _checkpoint_families(node, jobs)
 
 

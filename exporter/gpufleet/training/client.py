@@ -11,7 +11,9 @@ Recording never blocks and never raises into training code: events go into a
 bounded in-memory buffer that a background thread sends in batches. While the
 agent is down the thread backs off and retries; when the buffer is full, new
 events are dropped and counted, and the count is reported to the agent when it
-answers again. The buffer is flushed at exit (for at most ``exit_timeout``).
+answers again. The buffer is flushed at exit (for at most ``exit_timeout``), then
+the agent is told this rank finished, so that a job that ended is not taken for
+a job that hung (``finish()`` does this earlier, e.g. at the end of ``fit``).
 
 Only the standard library is imported, so this module is cheap to import in
 any training environment.
@@ -436,7 +438,16 @@ class Reporter:
     def _send_events(self, events: list[tuple[object, ...]]) -> bool:
         steps = [self._step_json(e) for e in events if e[0] == "s"]
         checkpoints = [self._checkpoint_json(e) for e in events if e[0] == "c"]
-        for path, payload in (("/v1/steps", steps), ("/v1/checkpoints", checkpoints)):
+        finished = [
+            {"training_job": self.training_job, "rank": self.rank, "pp_stage": self.pp_stage}
+            for e in events
+            if e[0] == "f"
+        ][:1]
+        for path, payload, counted in (
+            ("/v1/steps", steps, True),
+            ("/v1/checkpoints", checkpoints, True),
+            ("/v1/finished", finished, False),  # last: after this batch's steps
+        ):
             if not payload:
                 continue
             dropped = self.dropped
@@ -445,7 +456,7 @@ class Reporter:
             if status is None or status >= 500:
                 return False
             if status < 300:
-                self.sent += len(payload)
+                self.sent += len(payload) if counted else 0
                 with self._count_lock:
                     self.dropped -= dropped
             else:
@@ -538,12 +549,21 @@ class Reporter:
                 self._idle.wait(min(remaining, 0.05))
         return True
 
+    def finish(self, timeout: float = 5.0) -> bool:
+        """Tell the agent this rank's training ended, after everything recorded so far,
+        and wait until it is sent (or ``timeout`` passes). A job whose ranks all finished
+        is not reported as hung. Recording may go on afterwards (the rank runs again)."""
+        if not self.enabled or self._thread is None:
+            return not self._buffer  # nothing was ever recorded: nothing to finish
+        self._push(("f",))
+        return self.flush(timeout)
+
     def close(self) -> None:
-        """Flush (for at most ``exit_timeout``) and stop the sender. Called at exit."""
+        """Finish, flush (for at most ``exit_timeout``) and stop the sender. Called at exit."""
         if not self.enabled:
             return
         if self._thread is not None:
-            self.flush(self._exit_timeout)
+            self.finish(self._exit_timeout)
             self._stop.set()
             self._wake.set()
             self._thread.join(self._exit_timeout)

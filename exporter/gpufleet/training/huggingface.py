@@ -78,4 +78,4 @@ class GpuFleetTrainerCallback(TrainerCallback):  # type: ignore[misc]
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.reporter is not None:
-            self.reporter.flush()
+            self.reporter.finish()

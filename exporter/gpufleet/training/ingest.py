@@ -1,4 +1,4 @@
-"""The ingest API: ``POST /v1/steps`` and ``POST /v1/checkpoints``.
+"""The ingest API: ``POST /v1/steps``, ``POST /v1/checkpoints`` and ``POST /v1/finished``.
 
 Bodies are read with a size limit and validated by pydantic straight from the
 raw JSON (no intermediate Python objects), which is what makes tens of
@@ -17,9 +17,9 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
 from gpufleet.training.aggregate import CapExceededError, TrainingAggregator
-from gpufleet.training.models import CheckpointBatch, StepBatch
+from gpufleet.training.models import CheckpointBatch, FinishedBatch, StepBatch
 
-BatchT = TypeVar("BatchT", StepBatch, CheckpointBatch)
+BatchT = TypeVar("BatchT", StepBatch, CheckpointBatch, FinishedBatch)
 _MAX_ERRORS_SHOWN = 10
 
 
@@ -74,6 +74,16 @@ class IngestApi:
             description="Body: `CheckpointBatch`. Accepted whole or rejected whole.",
             openapi_extra=_body_schema(CheckpointBatch),
         )
+        router.add_api_route(
+            "/finished",
+            self.post_finished,
+            methods=["POST"],
+            status_code=202,
+            summary="Record that ranks finished training",
+            description="Body: `FinishedBatch`. Sent by the client when it closes, so that a "
+            "job that ended is not reported as hung.",
+            openapi_extra=_body_schema(FinishedBatch),
+        )
         return router
 
     async def post_steps(self, request: Request) -> JSONResponse:
@@ -82,6 +92,9 @@ class IngestApi:
     async def post_checkpoints(self, request: Request) -> JSONResponse:
         return await self._ingest(request, CheckpointBatch)
 
+    async def post_finished(self, request: Request) -> JSONResponse:
+        return await self._ingest(request, FinishedBatch)
+
     async def _ingest(self, request: Request, model: type[BatchT]) -> JSONResponse:
         try:
             self._authorize(request)
@@ -89,8 +102,10 @@ class IngestApi:
             batch = self._parse(raw, model)
             if isinstance(batch, StepBatch):
                 self.aggregator.add_steps(batch)
-            else:
+            elif isinstance(batch, CheckpointBatch):
                 self.aggregator.add_checkpoints(batch)
+            else:
+                self.aggregator.add_finished(batch)
         except IngestRejectedError as rejected:
             self.aggregator.reject(rejected.reason, rejected.events)
             headers = {"WWW-Authenticate": "Bearer"} if rejected.status == 401 else None

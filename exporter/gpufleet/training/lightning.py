@@ -116,4 +116,4 @@ class GpuFleetCallback(Callback):  # type: ignore[misc]
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         if self.reporter is not None:
-            self.reporter.flush()
+            self.reporter.finish()

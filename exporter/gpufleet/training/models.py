@@ -107,3 +107,19 @@ class CheckpointEvent(_Strict):
 class CheckpointBatch(_Strict):
     events: list[CheckpointEvent]
     dropped: Annotated[int, Field(ge=0, le=1 << 40)] = 0
+
+
+class FinishedEvent(_Strict):
+    """A rank is done: its training loop ended (the client sends this when it closes).
+
+    Once every rank the agent has seen in a stage has finished, the stage exports the
+    time, so that a job that ended is not taken for a job that hung."""
+
+    training_job: TrainingJob
+    rank: Rank
+    pp_stage: Stage = 0
+
+
+class FinishedBatch(_Strict):
+    events: list[FinishedEvent]
+    dropped: Annotated[int, Field(ge=0, le=1 << 40)] = 0
