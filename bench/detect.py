@@ -8,12 +8,15 @@ TSDB blocks; a real Prometheus serves them; every alert of alerts/*.rules.yaml
 Prometheus does; the firings are scored against the ground truth.
 
     python bench/detect.py                    # full: 256 nodes x 8 GPUs, 3 days, 3 seeds
+    python bench/detect.py --seeds 101 102 103  # the first full run's seeds
     python bench/detect.py --quick            # small: 32 nodes, 12 h, boosted fault rates
 
 Writes bench/out/detect.md (detect-quick.md), the episodes and pages as CSV, and
-a chart (PNG). The full run's seeds (101, 102, 103) were not looked at while the
-rules were written; the quick run's seed (201) was, so the quick figures are a
-smoke test of the pipeline, not a score.
+a chart (PNG). Seeds: the full run's default seeds (104, 105, 106) were never
+looked at while the rules were written. Seeds 101-103 were the first full run;
+its false job-slowdown pages led to the steady-step-time JobSlowdown, so they are
+no longer unseen (docs/BENCHMARKS.md gives both runs). The quick run's seed (201)
+was looked at too: the quick figures are a smoke test of the pipeline, not a score.
 """
 
 from __future__ import annotations
@@ -222,7 +225,7 @@ def main() -> int:
     args = parser.parse_args()
     args.nodes = args.nodes or (32 if args.quick else 256)
     args.days = args.days or (0.5 if args.quick else 3.0)
-    args.seeds = args.seeds or ([201] if args.quick else [101, 102, 103])
+    args.seeds = args.seeds or ([201] if args.quick else [104, 105, 106])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     scenario = scenario_for(args.nodes, args.quick)

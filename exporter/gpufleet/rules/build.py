@@ -442,6 +442,15 @@ def health_recording(config: RulesConfig) -> Group:
     return Group("gpufleet-node-health", rules)
 
 
+def job_steady_step(config: RulesConfig) -> tuple[str, str]:
+    """Names of the job's steady step time now and over its baseline."""
+    percent = round(config.job_slowdown_quantile * 100)
+    return (
+        f"job:gpufleet_training_step_seconds:p{percent}_{config.job_slowdown_window}",
+        f"job:gpufleet_training_step_seconds:p{percent}_baseline{config.baseline_window}",
+    )
+
+
 def training_recording(config: RulesConfig) -> list[Group]:
     sel = config.agent_selector
     w = config.rate_window
@@ -454,6 +463,8 @@ def training_recording(config: RulesConfig) -> list[Group]:
     slow = f"node:gpufleet_training_slowest_compute_per_step:rate{w}"
     median = f"stage:gpufleet_training_slowest_compute_per_step:median{w}"
     mad = f"stage:gpufleet_training_slowest_compute_per_step:mad{w}"
+    steady, steady_baseline = job_steady_step(config)
+    q, steady_w = config.job_slowdown_quantile, config.job_slowdown_window
     rank = f"rank:gpufleet_training_compute_per_step:rate{w}"
     rank_median = f"stage:gpufleet_training_rank_compute_per_step:median{w}"
     rank_mad = f"stage:gpufleet_training_rank_compute_per_step:mad{w}"
@@ -526,21 +537,23 @@ def training_recording(config: RulesConfig) -> list[Group]:
             f"node:gpufleet_training_own_trend:rate{w}\n/ on (training_job) group_left ()\n"
             f"quantile by (training_job) (0.5, node:gpufleet_training_own_trend:rate{w})",
         ),
-        # The job's step time as a median of 2-minute averages: a data-loader stall doubles
-        # a lock-step job's steps for a minute or two several times an hour, which would
-        # pull a mean (current or baseline) up by several percent; a median ignores it.
+        # The job's steady step time, a low quantile of its 2-minute step times: in a
+        # lock-step job every data-loader stall on any node stops all ranks for a minute
+        # or two, several times an hour on a big job. A mean, or even a median when two
+        # or three stalls fall in one window, reads that as a slowdown; the fastest
+        # quarter of the window's 2-minute stretches only rises when all of them do.
         Record(
             "job:gpufleet_training_step_seconds:rate2m",
             f"{rate_sum('gpufleet_training_step_seconds_total', 'training_job', '2m')}\n"
             f"/ {rate_sum('gpufleet_training_steps_total', 'training_job', '2m')}",
         ),
         Record(
-            "job:gpufleet_training_step_seconds:median10m",
-            "quantile_over_time(0.5, job:gpufleet_training_step_seconds:rate2m[10m:1m])",
+            steady,
+            f"quantile_over_time({q}, job:gpufleet_training_step_seconds:rate2m[{steady_w}:1m])",
         ),
         Record(
-            f"job:gpufleet_training_step_seconds:baseline{base_w}",
-            f"quantile_over_time(0.5, job:gpufleet_training_step_seconds:rate2m[{base_w}:1m] offset {base_o})",
+            steady_baseline,
+            f"quantile_over_time({q}, job:gpufleet_training_step_seconds:rate2m[{base_w}:1m] offset {base_o})",
         ),
         Record(
             "job:gpufleet_training_step_seconds:avg1h",
@@ -590,6 +603,7 @@ def training_recording(config: RulesConfig) -> list[Group]:
 
 def training_alerts(config: RulesConfig) -> Group:
     w = config.rate_window
+    steady, steady_baseline = job_steady_step(config)
     ratio = f"node:gpufleet_training_compute_ratio:rate{w}"
     zscore = f"node:gpufleet_training_compute_zscore:rate{w}"
     nodes = f"stage:gpufleet_training_nodes:count{w}"
@@ -632,8 +646,7 @@ def training_alerts(config: RulesConfig) -> Group:
         ),
         Alert(
             "GpuFleetJobSlowdown",
-            "job:gpufleet_training_step_seconds:median10m\n"
-            f"/ job:gpufleet_training_step_seconds:baseline{config.baseline_window} > {config.job_slowdown_ratio}\n"
+            f"{steady}\n/ {steady_baseline} > {config.job_slowdown_ratio}\n"
             f"and on (training_job) count by (training_job) (node:gpufleet_training_step_seconds:rate2m)\n"
             # A straggler slows a lock-step job too; it has its own page, naming the node.
             f"unless on (training_job) max by (training_job) ({ratio}) > {config.straggler_ratio}",

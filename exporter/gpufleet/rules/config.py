@@ -111,7 +111,12 @@ class RulesConfig:
     baseline_ratio: float = 1.10
     baseline_for: str = "10m"
     job_slowdown_ratio: float = 1.10
-    job_slowdown_for: str = "5m"
+    # The job's steady step time: this quantile of its 2-minute step times over the
+    # window (and over the baseline). Stalls that cover less than (1 - q) of the
+    # window do not move it; a slowdown that covers all of it does.
+    job_slowdown_quantile: float = 0.25
+    job_slowdown_window: str = "10m"
+    job_slowdown_for: str = "3m"
     stage_imbalance_ratio: float = 1.20
     stage_imbalance_for: str = "30m"
     hang_step_multiple: float = 10.0
