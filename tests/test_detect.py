@@ -260,6 +260,40 @@ class TestScore:
         result = next(e for e in score(moved, []).episodes if e.id == 1)
         assert not result.scored and "not training" in result.note
 
+    def test_eval_and_checkpoint_time_is_not_training_time(self, truth: dict[str, Any]) -> None:
+        # 11 minutes slow, of which 5 in an eval and 2 in a checkpoint: 4 minutes of
+        # training, too short to count; without them the same episode is scored.
+        moved = copy.deepcopy(truth)
+        slow = next(e for e in moved["episodes"] if e["id"] == 1)
+        start = T0 + 2 * 3600.0
+        slow.update(end=start + 660)
+        assert next(e for e in score(moved, []).episodes if e.id == 1).scored
+        moved["episodes"] += [
+            episode(20, "eval", start + 360, start + 660),
+            episode(21, "checkpoint", start + 100, start + 220),
+        ]
+        result = next(e for e in score(moved, []).episodes if e.id == 1)
+        assert not result.scored and "not training" in result.note
+
+    def test_a_job_fail_stop_while_the_job_is_already_down_is_not_scored(
+        self, truth: dict[str, Any]
+    ) -> None:
+        hour = 3600.0
+        moved = copy.deepcopy(truth)
+        moved["episodes"] += [
+            # during the stall after episode 0 (10 h to 10.3 h): nothing runs to time out
+            episode(22, "fail_stop", T0 + 10.1 * hour, T0 + 10.1 * hour, node="n2",
+                    scope="job", fault=True, expected_alerts=["GpuFleetJobHung"]),
+            # the same fault while the job runs is scored, and missed without a firing
+            episode(23, "fail_stop", T0 + 12 * hour, T0 + 12 * hour, node="n2",
+                    scope="job", fault=True, expected_alerts=["GpuFleetJobHung"]),
+        ]  # fmt: skip
+        results = {e.id: e for e in score(moved, []).episodes}
+        assert not results[22].scored and "already stopped" in results[22].note
+        assert results[23].scored and not results[23].detected
+        # the episode that caused the stall is itself still scored
+        assert results[0].scored
+
 
 def load_bench() -> Any:
     spec = importlib.util.spec_from_file_location("bench_detect", ROOT / "bench" / "detect.py")

@@ -149,9 +149,15 @@ def _quantile(values: list[float], q: float) -> float:
 
 def _training_seconds(episode: dict[str, Any], truth: dict[str, Any]) -> float:
     """Seconds of the episode during which the job trained (and, for a node-scoped
-    episode, the node was in the job): a slow GPU that does not train is invisible."""
+    episode, the node was in the job): a slow GPU that does not train is invisible.
+    Checkpoints and evals are not training either: their steps are never compared."""
     low, high = float(episode["start"]), float(episode["end"])
     blocked = list(_stalls(truth))
+    blocked += [
+        (float(other["start"]), float(other["end"]))
+        for other in truth["episodes"]
+        if other["kind"] in ("checkpoint", "eval")
+    ]
     if episode["scope"] == "node":
         blocked += [
             (float(x["start"]), float(x["end"]))
@@ -178,6 +184,10 @@ def _classify(
             episode["scope"], "fail-stop (invisible: silent data corruption)"
         )
         scored = episode["scope"] in ("node", "job")
+        if episode["scope"] == "job" and _while_stopped(float(episode["start"]), truth):
+            # e.g. an NCCL timeout while the job is down after an earlier failure:
+            # nothing runs that could time out, and the job is already paged as hung.
+            scored, note = False, "the job was already stopped"
     elif kind in ("fail_slow_compute", "fail_slow_comm"):
         slowdown = float(episode.get("details", {}).get("slowdown", episode["magnitude"]))
         significant = (
@@ -261,6 +271,11 @@ def _stalls(truth: dict[str, Any]) -> list[tuple[float, float]]:
     if attempts and attempts[-1]["end"] is not None:
         stalls.append((float(attempts[-1]["end"]), float(truth["end"])))
     return stalls
+
+
+def _while_stopped(when: float, truth: dict[str, Any]) -> bool:
+    """Whether the job was already stopped (by an earlier failure) at ``when``."""
+    return any(stop < when - 1.0 and when < resume for stop, resume in _stalls(truth))
 
 
 def _overlaps(a0: float, a1: float, b0: float, b1: float) -> bool:
