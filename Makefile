@@ -19,7 +19,7 @@ help:
 	@echo "make lint             ruff + mypy --strict"
 	@echo "make check-generated  fail if a generated file differs from what the code makes"
 	@echo "make bench            every benchmark, headline figures in one table (~25 min)"
-	@echo "make bench-detect     detection benchmark: 256 nodes x 3 days x 3 seeds (~1-2 h)"
+	@echo "make bench-detect     detection benchmark: 256 nodes x 3 days x 3 seeds (~1 h)"
 	@echo "make bench-detect-quick  small detection benchmark (under 3 min)"
 
 $(STAMP): pyproject.toml
