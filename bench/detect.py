@@ -35,7 +35,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from gpufleet.detect.evaluate import PrometheusRange, evaluate_all
-from gpufleet.detect.score import LEDGER_ALERTS, Scores, score
+from gpufleet.detect.score import LEDGER_ALERTS, EpisodeScore, PageScore, Scores, score
 from gpufleet.devstack import PrometheusServer, backfill
 from gpufleet.rules.inline import inlined_alerts
 from gpufleet.simulate.config import FaultRates, Scenario, load_scenario
@@ -115,7 +115,14 @@ def minutes(seconds: float) -> str:
     return "-" if math.isnan(seconds) else f"{seconds / 60:.1f} min"
 
 
-def report(scores: Scores, args: argparse.Namespace, log: list[str], out: Path, name: str) -> str:
+def report(
+    per_seed: list[tuple[int, Scores]],
+    args: argparse.Namespace,
+    log: list[str],
+    out: Path,
+    name: str,
+) -> str:
+    scores = merge([result for _, result in per_seed])
     lines = [
         f"# Detection benchmark: {args.nodes} nodes x 8 GPUs, {args.days:g} days, seeds "
         f"{', '.join(map(str, args.seeds))}",
@@ -174,20 +181,19 @@ def report(scores: Scores, args: argparse.Namespace, log: list[str], out: Path, 
     lines += ["Run:", "", *[f"- {entry}" for entry in log], ""]
     text = "\n".join(lines)
     (out / f"{name}.md").write_text(text)
-    with open(out / f"{name}_episodes.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(asdict(scores.episodes[0]).keys()))
-        writer.writeheader()
-        for episode in scores.episodes:
-            writer.writerow(asdict(episode))
-    with open(out / f"{name}_pages.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(
-            handle, fieldnames=list(asdict(pages[0]).keys()) if pages else ["alert"]
-        )
-        writer.writeheader()
-        for page in pages:
-            writer.writerow(asdict(page))
+    write_csv(out / f"{name}_episodes.csv", [(seed, r.episodes) for seed, r in per_seed])
+    write_csv(out / f"{name}_pages.csv", [(seed, r.pages) for seed, r in per_seed])
     chart(scores, out / f"{name}.png")
     return text
+
+
+def write_csv(path: Path, per_seed: list[tuple[int, list[EpisodeScore] | list[PageScore]]]) -> None:
+    """One row per episode or page, with its seed (to look it up in that seed's truth)."""
+    rows = [{"seed": seed, **asdict(item)} for seed, items in per_seed for item in items]
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]) if rows else ["seed"])
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 def chart(scores: Scores, path: Path) -> None:
@@ -203,14 +209,7 @@ def chart(scores: Scores, path: Path) -> None:
     left.barh(rows["class"], rows.recall * 100, color="#1f4e79")
     left.set_xlim(0, 100)
     left.set_xlabel("recall %")
-    times = [
-        [
-            e.ttd_s / 60
-            for e in scores.episodes
-            if e.klass == klass and e.detected and e.ttd_s is not None
-        ]
-        for klass in rows["class"]
-    ]
+    times = [[t / 60 for t in scores.detection_times(klass)] for klass in rows["class"]]
     right.boxplot(times, vert=False, tick_labels=list(rows["class"]))
     right.set_xlabel("time to detect (min)")
     figure.tight_layout()
@@ -233,12 +232,12 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     scenario = scenario_for(args.nodes, args.quick)
     log: list[str] = []
-    results = []
+    per_seed = []
     for seed in args.seeds:
         with tempfile.TemporaryDirectory(prefix="gpufleet-detect-") as folder:
-            results.append(run_seed(scenario, seed, args.days, Path(folder), log))
-    scores = merge(results)
-    print(report(scores, args, log, out, "detect-quick" if args.quick else "detect"))
+            per_seed.append((seed, run_seed(scenario, seed, args.days, Path(folder), log)))
+    print(report(per_seed, args, log, out, "detect-quick" if args.quick else "detect"))
+    scores = merge([result for _, result in per_seed])
     slow = ("fail-slow compute", "fail-slow communication")
     stop = ("fail-stop (node)", "fail-stop (job)")
     print(

@@ -35,6 +35,8 @@ LEDGER_ALERTS = frozenset(
         "GpuFleetExclusionConcentration",
     }
 )
+# Ground-truth episodes that carry no fault: they are context for pages, not scored.
+CONFOUNDER_KINDS = frozenset({"data_loader_stall", "cluster_slowdown", "checkpoint", "eval"})
 NODE_FAULT_KINDS = frozenset(
     {
         "fail_stop",
@@ -85,17 +87,15 @@ class Scores:
     def by_class(self) -> list[dict[str, Any]]:
         rows = []
         for klass in sorted({e.klass for e in self.episodes}):
-            members = [e for e in self.episodes if e.klass == klass and e.scored]
-            detected = [e for e in members if e.detected]
-            times = sorted(e.ttd_s for e in detected if e.ttd_s is not None)
+            members = self._scored(klass)
             rows.append(
                 {
                     "class": klass,
                     "episodes": len(members),
-                    "detected": len(detected),
-                    "recall": len(detected) / len(members) if members else math.nan,
-                    "ttd_median_s": statistics.median(times) if times else math.nan,
-                    "ttd_p90_s": _quantile(times, 0.9),
+                    "detected": sum(e.detected for e in members),
+                    "recall": self.recall(klass),
+                    "ttd_median_s": self.ttd_median(klass),
+                    "ttd_p90_s": _quantile(self.detection_times(klass), 0.9),
                     "not scored": sum(
                         1 for e in self.episodes if e.klass == klass and not e.scored
                     ),
@@ -103,17 +103,20 @@ class Scores:
             )
         return rows
 
+    def _scored(self, *klasses: str) -> list[EpisodeScore]:
+        return [e for e in self.episodes if e.klass in klasses and e.scored]
+
+    def detection_times(self, *klasses: str) -> list[float]:
+        """Sorted times to detect of the detected, scored episodes of these classes."""
+        return sorted(e.ttd_s for e in self._scored(*klasses) if e.ttd_s is not None)
+
     def recall(self, *klasses: str) -> float:
         """Detected / scored episodes of these classes together."""
-        members = [e for e in self.episodes if e.klass in klasses and e.scored]
+        members = self._scored(*klasses)
         return sum(e.detected for e in members) / len(members) if members else math.nan
 
     def ttd_median(self, *klasses: str) -> float:
-        times = [
-            e.ttd_s
-            for e in self.episodes
-            if e.klass in klasses and e.scored and e.detected and e.ttd_s is not None
-        ]
+        times = self.detection_times(*klasses)
         return statistics.median(times) if times else math.nan
 
     @property
@@ -227,7 +230,7 @@ def score(truth: dict[str, Any], firings: list[Firing]) -> Scores:
     episodes: list[EpisodeScore] = []
     relevant = [f for f in firings if f.alert not in LEDGER_ALERTS]
     for episode in truth["episodes"]:
-        if episode["kind"] in ("data_loader_stall", "cluster_slowdown", "checkpoint", "eval"):
+        if episode["kind"] in CONFOUNDER_KINDS:
             continue
         klass, scored, note = _classify(episode, truth, start, end)
         result = EpisodeScore(
@@ -340,7 +343,7 @@ def _explain(firing: Firing, truth: dict[str, Any]) -> PageScore:
                 return page
     for episode in truth["episodes"]:
         kind = episode["kind"]
-        if kind not in ("data_loader_stall", "cluster_slowdown", "checkpoint", "eval"):
+        if kind not in CONFOUNDER_KINDS:
             continue
         if kind == "data_loader_stall" and episode["node"] != firing.node:
             continue
