@@ -10,6 +10,7 @@ with a message naming what was wrong, and is counted in
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
@@ -56,56 +57,65 @@ class IngestApi:
 
     def router(self) -> APIRouter:
         router = APIRouter(prefix="/v1", tags=["ingest"])
-        router.add_api_route(
+        add = self.aggregator
+        self._route(
+            router,
             "/steps",
-            self.post_steps,
-            methods=["POST"],
-            status_code=202,
+            StepBatch,
+            add.add_steps,
             summary="Record a batch of training steps",
             description="Body: `StepBatch` (see the schema). Accepted whole or rejected whole.",
-            openapi_extra=_body_schema(StepBatch),
         )
-        router.add_api_route(
+        self._route(
+            router,
             "/checkpoints",
-            self.post_checkpoints,
-            methods=["POST"],
-            status_code=202,
+            CheckpointBatch,
+            add.add_checkpoints,
             summary="Record checkpoint operations (begin / end)",
             description="Body: `CheckpointBatch`. Accepted whole or rejected whole.",
-            openapi_extra=_body_schema(CheckpointBatch),
         )
-        router.add_api_route(
+        self._route(
+            router,
             "/finished",
-            self.post_finished,
-            methods=["POST"],
-            status_code=202,
+            FinishedBatch,
+            add.add_finished,
             summary="Record that ranks finished training",
-            description="Body: `FinishedBatch`. Sent by the client when it closes, so that a "
-            "job that ended is not reported as hung.",
-            openapi_extra=_body_schema(FinishedBatch),
+            description="Body: `FinishedBatch`. Sent by the client when it closes, so that "
+            "a job that ended is not reported as hung.",
         )
         return router
 
-    async def post_steps(self, request: Request) -> JSONResponse:
-        return await self._ingest(request, StepBatch)
+    def _route(
+        self,
+        router: APIRouter,
+        path: str,
+        model: type[BatchT],
+        add: Callable[[BatchT], None],
+        *,
+        summary: str,
+        description: str,
+    ) -> None:
+        async def endpoint(request: Request) -> JSONResponse:
+            return await self._ingest(request, model, add)
 
-    async def post_checkpoints(self, request: Request) -> JSONResponse:
-        return await self._ingest(request, CheckpointBatch)
+        router.add_api_route(
+            path,
+            endpoint,
+            methods=["POST"],
+            status_code=202,
+            summary=summary,
+            description=description,
+            openapi_extra=_body_schema(model),
+        )
 
-    async def post_finished(self, request: Request) -> JSONResponse:
-        return await self._ingest(request, FinishedBatch)
-
-    async def _ingest(self, request: Request, model: type[BatchT]) -> JSONResponse:
+    async def _ingest(
+        self, request: Request, model: type[BatchT], add: Callable[[BatchT], None]
+    ) -> JSONResponse:
         try:
             self._authorize(request)
             raw = await self._read_body(request)
             batch = self._parse(raw, model)
-            if isinstance(batch, StepBatch):
-                self.aggregator.add_steps(batch)
-            elif isinstance(batch, CheckpointBatch):
-                self.aggregator.add_checkpoints(batch)
-            else:
-                self.aggregator.add_finished(batch)
+            add(batch)
         except IngestRejectedError as rejected:
             self.aggregator.reject(rejected.reason, rejected.events)
             headers = {"WWW-Authenticate": "Bearer"} if rejected.status == 401 else None
