@@ -109,10 +109,15 @@ bodies = st.one_of(
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[tuple[TestClient, Agent]]:
+    # Time stands still here: the aggregator finalises pending slowest-rank steps and
+    # expires jobs as time passes, which would move a metric between the two snapshots
+    # with no request accepted (and did, on a loaded machine).
+    frozen = 1_780_000_000.0
     agent = Agent(
         AgentSettings(
             node="node-p", gpu_source="none", limits=IngestLimits(max_jobs=3, max_ranks=50)
-        )
+        ),
+        clock=lambda: frozen,
     )
     agent.open()
     with TestClient(agent.asgi()) as test_client:
