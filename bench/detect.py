@@ -10,6 +10,12 @@ Prometheus does; the firings are scored against the ground truth.
     python bench/detect.py                    # full: 256 nodes x 8 GPUs, 3 days, 3 seeds
     python bench/detect.py --seeds 101 102 103  # the first full run's seeds
     python bench/detect.py --quick            # small: 32 nodes, 12 h, boosted fault rates
+    python bench/detect.py --quick --end 2026-12-01T06:00:00Z   # another time of day
+
+A seed and the history's end time together fix every figure. The end time does
+matter (the simulator's diurnal drift follows the time of day, so the same seed
+ending at another hour is another history), and it is fixed by default
+(``DEFAULT_END``), never the wall clock.
 
 Writes bench/out/detect.md (detect-quick.md), the episodes and pages as CSV, and
 a chart (PNG). Seeds: the full run's default seeds (104, 105, 106) were never
@@ -32,6 +38,7 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict, replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 from gpufleet.detect.evaluate import PrometheusRange, evaluate_all
@@ -43,6 +50,25 @@ from gpufleet.simulate.history import write_history
 
 ROOT = Path(__file__).resolve().parents[1]
 STEP_S = 30.0  # the history's resolution and the rules' evaluation interval
+# Every published run ends here unless told otherwise: with the seed, it fixes the history.
+DEFAULT_END = "2026-11-30T00:00:00Z"
+
+
+def parse_end(text: str) -> float:
+    """The history's end: Unix seconds or an ISO 8601 time (UTC if no zone), whole minutes."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            moment = datetime.fromisoformat(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"--end {text!r}: give Unix seconds or an ISO 8601 time such as {DEFAULT_END}"
+            ) from None
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=UTC)
+        seconds = moment.timestamp()
+    return float(int(seconds) // 60 * 60)
 
 
 def scenario_for(nodes: int, quick: bool) -> Scenario:
@@ -61,8 +87,9 @@ def scenario_for(nodes: int, quick: bool) -> Scenario:
     return scenario
 
 
-def run_seed(scenario: Scenario, seed: int, days: float, workdir: Path, log: list[str]) -> Scores:
-    end = float(int(time.time()) // 60 * 60)
+def run_seed(
+    scenario: Scenario, seed: int, days: float, *, end: float, workdir: Path, log: list[str]
+) -> Scores:
     started = time.monotonic()
     history = write_history(scenario, seed, days, workdir / "history", end=end, shards=2)
     wrote = time.monotonic() - started
@@ -125,28 +152,43 @@ def report(
     scores = merge([result for _, result in per_seed])
     lines = [
         f"# Detection benchmark: {args.nodes} nodes x 8 GPUs, {args.days:g} days, seeds "
-        f"{', '.join(map(str, args.seeds))}",
+        f"{', '.join(map(str, args.seeds))}, history ending "
+        f"{datetime.fromtimestamp(args.end, UTC).strftime('%Y-%m-%dT%H:%M:%SZ')}",
         "",
         "Fault rates: "
         + ("boosted for a small run (quick mode)" if args.quick else "simulator defaults"),
         "",
-        "| class | episodes | detected | recall | TTD median | TTD p90 | not scored |",
+        "Recall with its 95% Wilson interval; time to detect (TTD) as median [interquartile "
+        "range].",
+        "",
+        "| class | episodes | detected | recall [95% CI] | TTD median [IQR] | TTD p90 | "
+        "not scored |",
         "|---|---|---|---|---|---|---|",
     ]
     for row in scores.by_class():
-        recall = "-" if math.isnan(row["recall"]) else f"{row['recall']:.1%}"
+        recall = (
+            "-"
+            if math.isnan(row["recall"])
+            else f"{row['recall']:.1%} [{row['recall_low']:.1%}, {row['recall_high']:.1%}]"
+        )
+        ttd = (
+            f"{minutes(row['ttd_median_s'])} "
+            f"[{minutes(row['ttd_p25_s'])}, {minutes(row['ttd_p75_s'])}]"
+        )
         lines.append(
             f"| {row['class']} | {row['episodes']} | {row['detected']} | {recall} | "
-            f"{minutes(row['ttd_median_s'])} | {minutes(row['ttd_p90_s'])} | {row['not scored']} |"
+            f"{ttd} | {minutes(row['ttd_p90_s'])} | {row['not scored']} |"
         )
     pages = scores.pages
+    fp_low, fp_high = scores.false_pages_per_day_interval
     node_pages = [p for p in pages if p.node is not None]
     lines += [
         "",
         f"Pages (critical or warning firings): {len(pages)} ({len(node_pages)} for a node, "
         f"{len(pages) - len(node_pages)} for a job); explained by a fault or a recorded "
         f"condition: {len(pages) - len(scores.false_pages)}; false: {len(scores.false_pages)} "
-        f"= {scores.false_pages_per_day:.2f} per day fleet-wide over {scores.days:.2f} days; "
+        f"= {scores.false_pages_per_day:.2f} per day fleet-wide (95% CI "
+        f"{fp_low:.2f}-{fp_high:.2f}) over {scores.days:.2f} days; "
         f"precision {scores.precision:.1%}.",
         "",
         "Node pages no fault explains, by the confounder active when they started: "
@@ -223,6 +265,13 @@ def main() -> int:
     parser.add_argument("--nodes", type=int)
     parser.add_argument("--days", type=float)
     parser.add_argument("--seeds", type=int, nargs="+")
+    parser.add_argument(
+        "--end",
+        type=parse_end,
+        default=parse_end(DEFAULT_END),
+        help=f"when the simulated history ends (default {DEFAULT_END}; with the seed it fixes "
+        "every figure)",
+    )
     parser.add_argument("--out", default=str(ROOT / "bench" / "out"))
     args = parser.parse_args()
     args.nodes = args.nodes or (32 if args.quick else 256)
@@ -235,7 +284,10 @@ def main() -> int:
     per_seed = []
     for seed in args.seeds:
         with tempfile.TemporaryDirectory(prefix="gpufleet-detect-") as folder:
-            per_seed.append((seed, run_seed(scenario, seed, args.days, Path(folder), log)))
+            result = run_seed(
+                scenario, seed, args.days, end=args.end, workdir=Path(folder), log=log
+            )
+        per_seed.append((seed, result))
     print(report(per_seed, args, log, out, "detect-quick" if args.quick else "detect"))
     scores = merge([result for _, result in per_seed])
     slow = ("fail-slow compute", "fail-slow communication")
@@ -250,7 +302,15 @@ def main() -> int:
         f"failstop_node_recall={scores.recall(stop[0]):.3f} "
         f"ttd_failstop_node_median_s={scores.ttd_median(stop[0]):.0f} "
         f"failslow_compute_recall={scores.recall(slow[0]):.3f} "
-        f"failslow_comm_recall={scores.recall(slow[1]):.3f}"
+        f"failslow_comm_recall={scores.recall(slow[1]):.3f} "
+        + " ".join(
+            f"{name}_low={low:.3f} {name}_high={high:.3f}"
+            for name, (low, high) in (
+                ("failstop_recall", scores.recall_interval(*stop)),
+                ("failslow_recall", scores.recall_interval(*slow)),
+                ("false_pages_per_day", scores.false_pages_per_day_interval),
+            )
+        )
     )
     return 0
 

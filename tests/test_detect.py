@@ -3,6 +3,7 @@ whole benchmark end to end on a small simulated history against a real Prometheu
 
 from __future__ import annotations
 
+import argparse
 import copy
 import importlib.util
 import math
@@ -309,7 +310,10 @@ def test_quick_benchmark_finds_injected_faults_through_real_prometheus(tmp_path:
     alert of alerts/ evaluated → scored. Small and with boosted fault rates, so the
     thresholds are loose; the figures worth quoting come from the full benchmark."""
     bench = load_bench()
-    scores = bench.run_seed(bench.scenario_for(32, quick=True), 201, 0.5, tmp_path, [])
+    end = bench.parse_end(bench.DEFAULT_END)  # fixed: the seed and the end fix the history
+    scores = bench.run_seed(
+        bench.scenario_for(32, quick=True), 201, 0.5, end=end, workdir=tmp_path, log=[]
+    )
     assert len([e for e in scores.episodes if e.klass == "fail-stop (node)" and e.scored]) >= 3
     assert scores.recall("fail-stop (node)") >= 0.8
     assert scores.recall("fail-slow compute") >= 0.8
@@ -317,3 +321,15 @@ def test_quick_benchmark_finds_injected_faults_through_real_prometheus(tmp_path:
     assert scores.ttd_median("fail-slow compute") < 15 * 60
     assert scores.precision >= 0.9
     assert scores.confounder_node_pages() == {}
+
+
+def test_the_benchmark_history_ends_at_a_fixed_time_never_the_wall_clock() -> None:
+    """Diurnal drift follows the time of day: a history ending "now" made the same seed
+    score differently at different hours. The default end is a constant; --end moves it."""
+    bench = load_bench()
+    parser_default = bench.parse_end(bench.DEFAULT_END)
+    assert parser_default == 1_795_996_800.0  # 2026-11-30T00:00:00Z
+    assert bench.parse_end("2026-11-30T06:30:59") == parser_default + 6.5 * 3600
+    assert bench.parse_end("1795996800") == parser_default
+    with pytest.raises(argparse.ArgumentTypeError, match="ISO 8601"):
+        bench.parse_end("yesterday")

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpufleet.detect.evaluate import Firing
+from gpufleet.detect.intervals import poisson_rate, wilson
 
 FAIL_SLOW_MIN_SLOWDOWN = 1.10
 FAIL_SLOW_MIN_SECONDS = 600.0
@@ -88,14 +89,20 @@ class Scores:
         rows = []
         for klass in sorted({e.klass for e in self.episodes}):
             members = self._scored(klass)
+            low, high = self.recall_interval(klass)
+            times = self.detection_times(klass)
             rows.append(
                 {
                     "class": klass,
                     "episodes": len(members),
                     "detected": sum(e.detected for e in members),
                     "recall": self.recall(klass),
+                    "recall_low": low,
+                    "recall_high": high,
                     "ttd_median_s": self.ttd_median(klass),
-                    "ttd_p90_s": _quantile(self.detection_times(klass), 0.9),
+                    "ttd_p25_s": _quantile(times, 0.25),
+                    "ttd_p75_s": _quantile(times, 0.75),
+                    "ttd_p90_s": _quantile(times, 0.9),
                     "not scored": sum(
                         1 for e in self.episodes if e.klass == klass and not e.scored
                     ),
@@ -115,6 +122,11 @@ class Scores:
         members = self._scored(*klasses)
         return sum(e.detected for e in members) / len(members) if members else math.nan
 
+    def recall_interval(self, *klasses: str) -> tuple[float, float]:
+        """95% Wilson interval of ``recall(*klasses)``."""
+        members = self._scored(*klasses)
+        return wilson(sum(e.detected for e in members), len(members))
+
     def ttd_median(self, *klasses: str) -> float:
         times = self.detection_times(*klasses)
         return statistics.median(times) if times else math.nan
@@ -130,6 +142,11 @@ class Scores:
     @property
     def false_pages_per_day(self) -> float:
         return len(self.false_pages) / self.days
+
+    @property
+    def false_pages_per_day_interval(self) -> tuple[float, float]:
+        """95% exact Poisson interval of ``false_pages_per_day``."""
+        return poisson_rate(len(self.false_pages), self.days)
 
     def confounder_node_pages(self) -> Counter[str]:
         """Node pages that no fault explains, by the confounder active when they started."""
