@@ -94,7 +94,7 @@ def truth() -> dict[str, Any]:
                 details={"slowdown": 1.3},
                 expected_alerts=["GpuFleetStragglerNode"],
             ),
-            episode(  # too small to count: <10% slower
+            episode(  # subtle: 5-10% slower for an hour, scored in a class of its own
                 2,
                 "fail_slow_compute",
                 T0 + 4 * hour,
@@ -169,7 +169,9 @@ class TestScore:
         )
         assert (by_id[1].detected, by_id[1].ttd_s) == (True, 540)
         assert (by_id[3].detected, by_id[3].ttd_s) == (True, 480)
-        assert not by_id[2].scored and by_id[2].klass == "fail-slow compute (<10% or <10 min)"
+        assert by_id[2].scored and by_id[2].klass == "fail-slow compute 5-10%"
+        assert not by_id[2].detected and by_id[2].band == "5-10%"
+        assert scores.recall("fail-slow compute 5-10%") == 0.0
         assert not by_id[5].scored and "before the rules have data" in by_id[5].note
         assert scores.recall("fail-stop (node)") == 1.0
         assert scores.recall("fail-slow compute") == 1.0
@@ -179,6 +181,36 @@ class TestScore:
         assert scores.recall(*both) == 1.0 and scores.ttd_median(*both) == 510
         assert scores.false_pages == [] and scores.precision == 1.0
         assert scores.days == pytest.approx((DAY - 20 * 60) / DAY)
+        bands = {(row["kind"], row["band"]): row for row in scores.by_band()}
+        assert bands[("compute", ">20%")]["detected"] == 1  # episode 1, 1.3x
+        assert bands[("compute", "5-10%")]["episodes"] == 1
+        assert bands[("communication", "10-20%")]["episodes"] == 1  # episode 3: 1.2x
+        assert sum(row["episodes"] for row in bands.values()) == 3
+
+    def test_too_small_or_too_short_fail_slow_is_not_scored(self, truth: dict[str, Any]) -> None:
+        for slowdown, minutes, klass in (
+            (1.04, 60, "fail-slow compute (<10% or <10 min)"),  # under 5%
+            (1.08, 15, "fail-slow compute (<10% or <10 min)"),  # subtle, but under 20 min
+            (1.15, 9, "fail-slow compute (<10% or <10 min)"),  # large, but under 10 min
+            (1.08, 25, "fail-slow compute 5-10%"),
+        ):
+            start = T0 + 3 * 3600
+            truth["episodes"] = [
+                episode(
+                    1,
+                    "fail_slow_compute",
+                    start,
+                    start + minutes * 60,
+                    node="n1",
+                    scope="node",
+                    fault=True,
+                    details={"slowdown": slowdown},
+                    expected_alerts=["GpuFleetStragglerNode"],
+                )
+            ]
+            (result,) = score(truth, []).episodes
+            assert result.klass == klass, (slowdown, minutes)
+            assert result.scored == klass.endswith("5-10%"), (slowdown, minutes)
 
     def test_a_page_for_the_wrong_node_is_false_and_detects_nothing(
         self, truth: dict[str, Any]

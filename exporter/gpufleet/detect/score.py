@@ -23,6 +23,11 @@ from gpufleet.detect.intervals import poisson_rate, wilson
 
 FAIL_SLOW_MIN_SLOWDOWN = 1.10
 FAIL_SLOW_MIN_SECONDS = 600.0
+# Subtle fail-slow: 5-10% slower, scored in classes of their own when they last long enough.
+SUBTLE_MIN_SLOWDOWN = 1.05
+SUBTLE_MIN_SECONDS = 1200.0
+# Magnitude bands of fail-slow episodes: [5%, 10%), [10%, 20%], above 20%.
+BANDS = ("5-10%", "10-20%", ">20%")
 WARMUP_S = 20 * 60  # rates and peers need data before anything can fire
 CENSOR_S = 30 * 60  # an episode this close to the end may be detected after it
 FAIL_STOP_WINDOW_S = 30 * 60
@@ -66,6 +71,17 @@ class EpisodeScore:
     detected_by: str | None = None
     note: str = ""
 
+    @property
+    def band(self) -> str | None:
+        """The magnitude band of a fail-slow episode (None for other kinds or under 5%)."""
+        if not self.kind.startswith("fail_slow") or self.slowdown is None:
+            return None
+        if self.slowdown > 1.20:
+            return ">20%"
+        if self.slowdown >= FAIL_SLOW_MIN_SLOWDOWN:
+            return "10-20%"
+        return "5-10%" if self.slowdown >= SUBTLE_MIN_SLOWDOWN else None
+
 
 @dataclass(slots=True)
 class PageScore:
@@ -108,6 +124,34 @@ class Scores:
                     ),
                 }
             )
+        return rows
+
+    def by_band(self) -> list[dict[str, Any]]:
+        """Scored fail-slow episodes by kind and magnitude band: recall, interval, TTD."""
+        rows = []
+        kinds = (("fail_slow_compute", "compute"), ("fail_slow_comm", "communication"))
+        for kind, name in kinds:
+            for band in BANDS:
+                members = [
+                    e for e in self.episodes if e.kind == kind and e.scored and e.band == band
+                ]
+                detected = sum(e.detected for e in members)
+                low, high = wilson(detected, len(members))
+                times = sorted(e.ttd_s for e in members if e.ttd_s is not None)
+                rows.append(
+                    {
+                        "kind": name,
+                        "band": band,
+                        "episodes": len(members),
+                        "detected": detected,
+                        "recall": detected / len(members) if members else math.nan,
+                        "recall_low": low,
+                        "recall_high": high,
+                        "ttd_median_s": statistics.median(times) if times else math.nan,
+                        "ttd_p25_s": _quantile(times, 0.25),
+                        "ttd_p75_s": _quantile(times, 0.75),
+                    }
+                )
         return rows
 
     def _scored(self, *klasses: str) -> list[EpisodeScore]:
@@ -210,15 +254,19 @@ def _classify(
             scored, note = False, "the job was already stopped"
     elif kind in ("fail_slow_compute", "fail_slow_comm"):
         slowdown = float(episode.get("details", {}).get("slowdown", episode["magnitude"]))
-        significant = (
-            slowdown >= FAIL_SLOW_MIN_SLOWDOWN
-            and episode["end"] - episode["start"] >= FAIL_SLOW_MIN_SECONDS
-        )
+        lasted = float(episode["end"]) - float(episode["start"])
         base = "fail-slow compute" if kind == "fail_slow_compute" else "fail-slow communication"
-        klass = base if significant else f"{base} (<10% or <10 min)"
-        scored = significant
-        if scored and _training_seconds(episode, truth) < FAIL_SLOW_MIN_SECONDS:
-            scored, note = False, "the job was not training for 10 minutes of it"
+        if slowdown >= FAIL_SLOW_MIN_SLOWDOWN and lasted >= FAIL_SLOW_MIN_SECONDS:
+            klass, scored, needed = base, True, FAIL_SLOW_MIN_SECONDS
+        elif SUBTLE_MIN_SLOWDOWN <= slowdown < FAIL_SLOW_MIN_SLOWDOWN and (
+            lasted >= SUBTLE_MIN_SECONDS
+        ):
+            klass, scored, needed = f"{base} 5-10%", True, SUBTLE_MIN_SECONDS
+        else:
+            klass, scored, needed = f"{base} (<10% or <10 min)", False, 0.0
+        if scored and _training_seconds(episode, truth) < needed:
+            scored = False
+            note = f"the job was not training for {needed / 60:.0f} minutes of it"
     elif kind == "precursor":
         klass, scored = "precursor", True
     else:
