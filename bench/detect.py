@@ -24,8 +24,8 @@ matter (the simulator's diurnal drift follows the time of day, so the same seed
 ending at another hour is another history), and it is fixed by default
 (``DEFAULT_END``), never the wall clock.
 
-Writes bench/out/detect.md (detect-quick.md, detect-recall.md, ...), the episodes and pages as CSV, and
-a chart (PNG). Seeds: the full run's default seeds (104, 105, 106) were never
+Writes bench/out/detect.md (detect-quick.md, detect-recall.md, ...), the episodes
+and pages as CSV, and a chart (PNG). Seeds: the full run's default seeds (104, 105, 106) were never
 looked at while the rules were written. Seeds 101-103 were the first full run;
 its false job-slowdown pages led to the steady-step-time JobSlowdown, so they are
 no longer unseen (docs/BENCHMARKS.md gives both runs). The first run on 104-106

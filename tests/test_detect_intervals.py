@@ -40,7 +40,7 @@ def test_exact_poisson_matches_garwood_tables(events: int, low: float, high: flo
 def test_poisson_rate_scales_with_exposure_and_narrows_with_events() -> None:
     low, high = poisson_rate(6, 9.0)  # the published run: 6 false pages in 9 days
     assert (low, high) == pytest.approx((2.202 / 9, 13.06 / 9), abs=1e-3)
-    assert 0.67 < high
+    assert high > 0.67  # six in nine days cannot rule out 0.67 per day
     # 300 pages over 1,000 days pins a rate of 0.3 per day well below 0.67
     low, high = poisson_rate(300, 1000.0)
     assert 0.26 < low < 0.3 < high < 0.34
