@@ -17,11 +17,16 @@ from gpufleet.fleet.store import MIGRATIONS, LedgerStore
 NOW = 1_800_000_000.0
 
 
+LOOPBACK = ("127.0.0.1", 50000)  # where the test client's requests come from
+
+
 class Ledger:
-    def __init__(self, path: Path, token: str | None = None) -> None:
+    def __init__(self, path: Path, token: str | None = None, **options: Any) -> None:
         self.path = path
         self.store = LedgerStore(path, clock=lambda: NOW)
-        self.client = TestClient(create_app(self.store, token, clock=lambda: NOW))
+        self.client = TestClient(
+            create_app(self.store, token, clock=lambda: NOW, **options), client=LOOPBACK
+        )
         self._keys = 0
 
     def post(self, path: str, body: dict[str, Any], key: str | None = None, **headers: str) -> Any:
@@ -144,16 +149,71 @@ def test_contradictions_are_conflicts(ledger: Ledger) -> None:
     assert no_trigger.status_code == 409 and "needs a trigger" in no_trigger.json()["detail"]
 
 
-def test_writes_require_the_token_when_one_is_set(tmp_path: Path) -> None:
-    guarded = Ledger(tmp_path / "guarded.db", token="s3cret")
+def test_writes_and_reads_require_the_token_when_one_is_set(tmp_path: Path) -> None:
+    guarded = Ledger(tmp_path / "guarded.db", token="s3cret", read_token="look-only")
     try:
         refused = guarded.post("/v1/exclusions", exclusion("n1"))
         assert refused.status_code == 401 and refused.headers["www-authenticate"] == "Bearer"
+        wrong = guarded.post("/v1/exclusions", exclusion("n1"), Authorization="Bearer look-only")
+        assert wrong.status_code == 401  # the read token cannot write
         accepted = guarded.post("/v1/exclusions", exclusion("n1"), Authorization="Bearer s3cret")
         assert accepted.status_code == 201
-        assert guarded.client.get("/v1/exclusions").status_code == 200  # reads are open
+        for path in ("/v1/exclusions", "/v1/exclusions/top", "/v1/excluded", "/v1/attempts",
+                     "/v1/chains"):  # fmt: skip
+            anonymous = guarded.client.get(path)
+            assert anonymous.status_code == 401, path
+            assert "for reads" in anonymous.json()["detail"]
+            for token in ("s3cret", "look-only"):
+                answer = guarded.client.get(path, headers={"Authorization": f"Bearer {token}"})
+                assert answer.status_code == 200, (path, token)
+        for open_path in ("/metrics", "/healthz", "/readyz"):  # Prometheus and the kubelet
+            assert guarded.client.get(open_path).status_code == 200
+        metrics = guarded.metrics()
+        assert (
+            metrics[
+                ("gpufleet_fleet_writes_rejected_total", frozenset({("reason", "unauthorized")}))
+            ]
+            == 2
+        )
     finally:
         guarded.close()
+
+
+def test_without_a_token_only_loopback_may_write_unless_allowed(tmp_path: Path) -> None:
+    local = Ledger(tmp_path / "local.db")
+    try:
+        remote = TestClient(local.client.app, client=("10.1.2.3", 40000))
+        refused = remote.post(
+            "/v1/exclusions", json=exclusion("n1"), headers={"Idempotency-Key": "remote-0001"}
+        )
+        assert refused.status_code == 403
+        assert "--allow-unauthenticated-writes" in refused.json()["detail"]
+        assert remote.get("/v1/exclusions").json() == []  # nothing stored; reads stay open
+        mapped = TestClient(local.client.app, client=("::ffff:127.0.0.1", 40000))
+        assert (
+            mapped.post(
+                "/v1/exclusions", json=exclusion("n1"), headers={"Idempotency-Key": "mapped-0001"}
+            ).status_code
+            == 201
+        )
+        counted = local.metrics()
+        assert (
+            counted[
+                ("gpufleet_fleet_writes_rejected_total", frozenset({("reason", "not_loopback")}))
+            ]
+            == 1
+        )
+    finally:
+        local.close()
+    opened = Ledger(tmp_path / "open.db", allow_unauthenticated_writes=True)
+    try:
+        remote = TestClient(opened.client.app, client=("10.1.2.3", 40000))
+        accepted = remote.post(
+            "/v1/exclusions", json=exclusion("n1"), headers={"Idempotency-Key": "remote-0001"}
+        )
+        assert accepted.status_code == 201
+    finally:
+        opened.close()
 
 
 def test_top_nodes_with_shares(ledger: Ledger) -> None:

@@ -95,7 +95,7 @@ keys = st.one_of(st.just("fixed-key-0001"), st.text(min_size=0, max_size=20), st
 def ledger() -> Iterator[tuple[TestClient, LedgerStore]]:
     with tempfile.TemporaryDirectory() as folder:
         store = LedgerStore(Path(folder) / "fleet.db")
-        with TestClient(create_app(store)) as client:
+        with TestClient(create_app(store), client=("127.0.0.1", 50000)) as client:
             yield client, store
         store.close()
 

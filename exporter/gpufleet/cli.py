@@ -66,6 +66,26 @@ def _positive_int(text: str) -> int:
     return int(text)
 
 
+def _boolean(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{text!r} is not true or false")
+
+
+def _window(text: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    number, unit = (text[:-1], text[-1]) if text[-1:] in units else (text, "s")
+    try:
+        value = float(number) * units[unit]
+    except ValueError:
+        raise ValueError(f"{text!r} is not a duration such as 7d, 48h or 3600") from None
+    if not 3600 <= value <= 365 * 86400:
+        raise ValueError(f"{text!r} must be between 1 hour and 365 days")
+    return value
+
+
 def _choice(*choices: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if text not in choices:
@@ -85,18 +105,27 @@ class _Option:
         parse: Callable[[str], Any],
         default: str | None,
         help_text: str,
+        *,
+        switch: bool = False,
     ) -> None:
         self.flag = flag
         self.env = env
         self.parse = parse
         self.default = default
         self.help = help_text
+        self.switch = switch  # a flag without a value; the environment says true or false
 
     @property
     def dest(self) -> str:
         return self.flag.lstrip("-").replace("-", "_")
 
     def add_to(self, parser: argparse.ArgumentParser) -> None:
+        if self.switch:
+            parser.add_argument(
+                self.flag, dest=self.dest, action="store_const", const="true",
+                help=f"{self.help} [env {self.env}=true]",
+            )  # fmt: skip
+            return
         shown = f" (default: {self.default})" if self.default is not None else ""
         parser.add_argument(self.flag, dest=self.dest, help=f"{self.help}{shown} [env {self.env}]")
 
@@ -205,7 +234,64 @@ FLEET_OPTIONS = (
         "GPUFLEET_FLEET_TOKEN",
         _text,
         None,
-        "bearer token required for writes (default: none required)",
+        "bearer token for writes and reads; prefer --token-file (a flag shows in `ps`)",
+    ),
+    _Option(
+        "--token-file",
+        "GPUFLEET_FLEET_TOKEN_FILE",
+        _text,
+        None,
+        "file holding the bearer token for writes and reads (e.g. a mounted Secret)",
+    ),
+    _Option(
+        "--read-token",
+        "GPUFLEET_FLEET_READ_TOKEN",
+        _text,
+        None,
+        "a second token that may only read /v1 (prefer --read-token-file)",
+    ),
+    _Option(
+        "--read-token-file",
+        "GPUFLEET_FLEET_READ_TOKEN_FILE",
+        _text,
+        None,
+        "file holding the read-only token",
+    ),
+    _Option(
+        "--allow-unauthenticated-writes",
+        "GPUFLEET_FLEET_ALLOW_UNAUTHENTICATED_WRITES",
+        _boolean,
+        "false",
+        "without a token, accept writes from beyond loopback too (otherwise they get 403)",
+        switch=True,
+    ),
+    _Option(
+        "--max-nodes",
+        "GPUFLEET_FLEET_MAX_NODES",
+        _positive_int,
+        "10000",
+        "distinct node label values the ledger exports, ever (beyond: 429)",
+    ),
+    _Option(
+        "--max-training-jobs",
+        "GPUFLEET_FLEET_MAX_TRAINING_JOBS",
+        _positive_int,
+        "2000",
+        "distinct training_job label values the ledger exports, ever (beyond: 429)",
+    ),
+    _Option(
+        "--max-reasons",
+        "GPUFLEET_FLEET_MAX_REASONS",
+        _positive_int,
+        "256",
+        "distinct exclusion reasons the ledger exports, ever (beyond: 429)",
+    ),
+    _Option(
+        "--idempotency-window",
+        "GPUFLEET_FLEET_IDEMPOTENCY_WINDOW",
+        _window,
+        "7d",
+        "how long an Idempotency-Key is remembered (a retry must come within it), e.g. 7d, 48h",
     ),
     _Option(
         "--log-level",
@@ -269,25 +355,66 @@ def _run_agent(namespace: argparse.Namespace) -> int:
     return 0
 
 
+def _secret(values: dict[str, Any], name: str) -> str | None:
+    """A token from its flag / variable or from its file, never both; errors name the source."""
+    flag = name.replace("_", "-")
+    direct, path = values[name], values[f"{name}_file"]
+    if direct and path:
+        raise ConfigError(f"set --{flag} or --{flag}-file, not both")
+    if not path:
+        return str(direct) if direct else None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            token = handle.read().strip()
+    except OSError as error:
+        raise ConfigError(f"--{flag}-file {path}: {error.strerror}") from None
+    if not token:
+        raise ConfigError(f"--{flag}-file {path}: the file is empty")
+    return token
+
+
 def _run_fleet(namespace: argparse.Namespace) -> int:
     from gpufleet.agent.app import serve
     from gpufleet.fleet.app import create_app
-    from gpufleet.fleet.store import LedgerStore
+    from gpufleet.fleet.store import LedgerLimits, LedgerStore
 
     values = {option.dest: option.resolve(namespace) for option in FLEET_OPTIONS}
     logging.basicConfig(level=values["log_level"].upper(), format=LOG_FORMAT)
     host, port = values["listen"]
+    token, read_token = _secret(values, "token"), _secret(values, "read_token")
+    limits = LedgerLimits(
+        max_nodes=values["max_nodes"],
+        max_training_jobs=values["max_training_jobs"],
+        max_reasons=values["max_reasons"],
+        idempotency_window_s=values["idempotency_window"],
+    )
     try:
-        store = LedgerStore(values["db"])
+        store = LedgerStore(values["db"], limits=limits)
     except (OSError, sqlite3_error()) as error:
         raise ConfigError(f"--db {values['db']}: cannot open the database: {error}") from None
-    if not values["token"] and host not in ("127.0.0.1", "::1", "localhost"):
-        logging.getLogger("gpufleet.fleet").warning(
-            "the ledger on %s:%d accepts writes from anyone who can reach it; set --token",
+    log = logging.getLogger("gpufleet.fleet")
+    if not token and values["allow_unauthenticated_writes"]:
+        log.warning(
+            "the ledger on %s:%d accepts writes from anyone who can reach it "
+            "(--allow-unauthenticated-writes); set --token-file to require a bearer token",
             host,
             port,
         )
-    serve(create_app(store, values["token"]), host, port, values["log_level"])
+    elif not token and host not in ("127.0.0.1", "::1", "localhost"):
+        log.warning(
+            "the ledger has no write token: writes from beyond loopback get 403 "
+            "(set --token-file, or --allow-unauthenticated-writes to accept them)"
+        )
+    app = create_app(
+        store,
+        token,
+        read_token=read_token,
+        allow_unauthenticated_writes=values["allow_unauthenticated_writes"],
+    )
+    try:
+        serve(app, host, port, values["log_level"])
+    finally:
+        store.close()
     return 0
 
 
@@ -298,9 +425,12 @@ def sqlite3_error() -> type[Exception]:
 
 
 def _ledger(namespace: argparse.Namespace) -> Any:
-    from gpufleet.fleet.client import LedgerClient
+    from gpufleet.fleet.client import LedgerClient, token_from_file
 
-    return LedgerClient(namespace.fleet_url, namespace.token)
+    if namespace.token and namespace.token_file:
+        raise ConfigError("set --token or --token-file, not both")
+    token = token_from_file(namespace.token_file) if namespace.token_file else namespace.token
+    return LedgerClient(namespace.fleet_url, token)
 
 
 def _run_exclude(namespace: argparse.Namespace) -> int:
@@ -371,7 +501,7 @@ def _run_report(namespace: argparse.Namespace) -> int:
             store.close()
         else:
             client = _ledger(namespace)
-            ledger = LedgerData(client.get("/v1/exclusions"), client.get("/v1/attempts"))
+            ledger = LedgerData(client.get_all("/v1/exclusions"), client.get_all("/v1/attempts"))
         out = Path(namespace.out)
         report = build_report(
             PrometheusApi(namespace.prometheus), ledger, out, since, until=namespace.until
@@ -623,7 +753,12 @@ def _add_fleet_commands(commands: Commands) -> None:
         sub.add_argument(
             "--fleet-url", help="the ledger (default: $GPUFLEET_FLEET_URL or http://127.0.0.1:9406)"
         )
-        sub.add_argument("--token", help="bearer token (default: $GPUFLEET_FLEET_TOKEN)")
+        sub.add_argument(
+            "--token",
+            help="bearer token (default: $GPUFLEET_FLEET_TOKEN, else the file named by "
+            "$GPUFLEET_FLEET_TOKEN_FILE); prefer --token-file, a flag shows in `ps`",
+        )
+        sub.add_argument("--token-file", help="file holding the bearer token")
 
     exclude = commands.add_parser("exclude", help="record that a node is taken out of service")
     exclude.add_argument("node")

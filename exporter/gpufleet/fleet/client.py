@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import urllib.error
 import urllib.parse
@@ -12,6 +13,27 @@ import uuid
 from typing import Any
 
 DEFAULT_URL = "http://127.0.0.1:9406"
+_NEXT = re.compile(r'<([^>]*)>\s*;\s*rel="next"')
+
+
+def token_from_file(path: str) -> str:
+    """The token in ``path`` (a mounted Secret), without the trailing newline editors add."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            token = handle.read().strip()
+    except OSError as error:
+        raise LedgerError(f"cannot read the token file {path}: {error.strerror}") from None
+    if not token:
+        raise LedgerError(f"the token file {path} is empty")
+    return token
+
+
+def default_token() -> str | None:
+    """$GPUFLEET_FLEET_TOKEN, else the file named by $GPUFLEET_FLEET_TOKEN_FILE, else none."""
+    if os.environ.get("GPUFLEET_FLEET_TOKEN"):
+        return os.environ["GPUFLEET_FLEET_TOKEN"]
+    path = os.environ.get("GPUFLEET_FLEET_TOKEN_FILE")
+    return token_from_file(path) if path else None
 
 
 class LedgerError(RuntimeError):
@@ -27,12 +49,18 @@ class LedgerClient:
         self, url: str | None = None, token: str | None = None, timeout: float = 10.0
     ) -> None:
         self.url = (url or os.environ.get("GPUFLEET_FLEET_URL") or DEFAULT_URL).rstrip("/")
-        self.token = token if token is not None else os.environ.get("GPUFLEET_FLEET_TOKEN")
+        self.token = token if token is not None else default_token()
         self.timeout = timeout
 
     def _request(
         self, method: str, path: str, payload: dict[str, Any] | None = None, key: str | None = None
     ) -> Any:
+        return self._exchange(method, path, payload, key)[0]
+
+    def _exchange(
+        self, method: str, path: str, payload: dict[str, Any] | None = None, key: str | None = None
+    ) -> tuple[Any, str | None]:
+        """The decoded answer and the path of the next page, if the answer has one."""
         headers = {"Content-Type": "application/json"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
@@ -44,7 +72,11 @@ class LedgerClient:
         )
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310
-                return json.loads(response.read() or b"null")
+                following = _NEXT.search(response.headers.get("Link") or "")
+                return (
+                    json.loads(response.read() or b"null"),
+                    following.group(1) if following else None,
+                )
         except urllib.error.HTTPError as error:
             body = error.read().decode(errors="replace")
             try:
@@ -70,8 +102,19 @@ class LedgerClient:
         raise AssertionError("unreachable")
 
     def get(self, path: str, **params: Any) -> Any:
+        """One GET; a list endpoint answers its first page only (see ``get_all``)."""
         query = urllib.parse.urlencode({k: v for k, v in params.items() if v is not None})
         return self._request("GET", f"{path}?{query}" if query else path)
+
+    def get_all(self, path: str, **params: Any) -> list[Any]:
+        """Every row of a paged list (``/v1/exclusions``, ``/v1/attempts``), page after page."""
+        query = urllib.parse.urlencode({k: v for k, v in params.items() if v is not None})
+        following: str | None = f"{path}?{query}" if query else path
+        rows: list[Any] = []
+        while following is not None:
+            page, following = self._exchange("GET", following)
+            rows += page
+        return rows
 
     def exclude(self, node: str, reason: str, key: str | None = None, **fields: Any) -> Any:
         return self.post("/v1/exclusions", {"node": node, "reason": reason, **fields}, key)

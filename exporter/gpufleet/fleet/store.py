@@ -1,26 +1,46 @@
 """The ledger's storage: SQLite in WAL mode, versioned migrations, idempotent writes.
 
 Every write runs in one ``BEGIN IMMEDIATE`` transaction together with its
-idempotency record, and is committed (``synchronous=FULL``) before the API
-answers 2xx, so an acknowledged event survives the process being killed at
-any moment. Replaying a key returns the first answer without writing again;
-reusing a key for a different request is a conflict.
+idempotency record and the exported counters it changes (``counters.py``), and
+is committed (``synchronous=FULL``) before the API answers 2xx, so an
+acknowledged event survives the process being killed at any moment, and the
+counters always equal what the history says. Replaying a key returns the first
+answer without writing again; reusing a key for a different request is a
+conflict. Keys are kept for ``idempotency_window_s`` (7 days by default): a
+retry must come within that window.
+
+One writer thread owns the only writing connection, so neither a write nor its
+fsync ever runs on the event loop. Requests that arrive while a commit is
+under way are committed together in the next transaction, each inside its own
+savepoint (group commit: one fsync for many writers, and a refused request
+still changes nothing). Reads use their own connections and, in WAL mode, run
+concurrently with the writer and with each other.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import json
+import logging
+import queue
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from gpufleet.fleet.chains import DEFAULT_HEALTHY_AFTER_S
+from gpufleet.fleet.counters import JobSummary, LedgerSnapshot, summarise_job
 from gpufleet.fleet.models import AttemptEventIn, ExclusionIn, ReleaseIn
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 MIGRATIONS: tuple[str, ...] = (
     # 1: the first schema
@@ -62,11 +82,74 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE exclusions ADD COLUMN release_note TEXT NOT NULL DEFAULT '';
     """,
+    # 3: what /metrics exports, kept up to date by each write (so a scrape reads O(series)
+    # rows, not the history); the label values each writer has created, for the caps; and
+    # an index to prune old idempotency keys by.
+    """
+    CREATE INDEX idempotency_created ON idempotency (created_at);
+    CREATE INDEX exclusions_open ON exclusions (node) WHERE released_at IS NULL;
+    CREATE TABLE exclusion_counts (
+        node TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        source TEXT NOT NULL,
+        count INTEGER NOT NULL,
+        PRIMARY KEY (node, reason, source)
+    ) WITHOUT ROWID;
+    INSERT INTO exclusion_counts (node, reason, source, count)
+        SELECT node, reason, source, count(*) FROM exclusions GROUP BY node, reason, source;
+    CREATE TABLE label_values (
+        label TEXT NOT NULL,
+        value TEXT NOT NULL,
+        PRIMARY KEY (label, value)
+    ) WITHOUT ROWID;
+    INSERT OR IGNORE INTO label_values SELECT 'node', node FROM exclusions;
+    INSERT OR IGNORE INTO label_values SELECT 'reason', reason FROM exclusions;
+    INSERT OR IGNORE INTO label_values SELECT 'training_job', training_job FROM attempts;
+    CREATE TABLE job_summaries (
+        training_job TEXT PRIMARY KEY,
+        summary TEXT NOT NULL,
+        valid_until REAL
+    ) WITHOUT ROWID;
+    """,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerLimits:
+    """Caps on what writers can make the ledger export, and how long keys are kept."""
+
+    max_nodes: int = 10_000  # distinct `node` label values, ever
+    max_training_jobs: int = 2_000  # distinct `training_job` label values, ever
+    max_reasons: int = 256  # distinct exclusion `reason` label values, ever
+    idempotency_window_s: float = 7 * 86400.0
+
+
+# (label, LedgerLimits field, flag): what each cap is called where an operator changes it
+CAPPED_LABELS = (
+    ("node", "max_nodes", "--max-nodes"),
+    ("training_job", "max_training_jobs", "--max-training-jobs"),
+    ("reason", "max_reasons", "--max-reasons"),
 )
 
 
 class LedgerConflictError(Exception):
     """The request contradicts what is stored (HTTP 409)."""
+
+
+class LedgerCapError(Exception):
+    """The write would add a label value beyond a cap (HTTP 429); ``reason`` names the cap."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class LedgerUnavailableError(Exception):
+    """Nothing was stored: the database failed or the ledger is shutting down (HTTP 503)."""
+
+
+class CursorError(ValueError):
+    """A pagination cursor this ledger did not issue (HTTP 400)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,53 +159,218 @@ class Stored:
     replayed: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class Page:
+    rows: list[dict[str, Any]]
+    next_cursor: str | None  # None on the last page
+
+
+def _encode_cursor(values: list[Any]) -> str:
+    return base64.urlsafe_b64encode(json.dumps(values).encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str, types: tuple[type | tuple[type, ...], ...]) -> list[Any]:
+    try:
+        values = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        values = None
+    if (
+        not isinstance(values, list)
+        or len(values) != len(types)
+        or not all(
+            isinstance(v, t) and not isinstance(v, bool) for v, t in zip(values, types, strict=True)
+        )
+    ):
+        raise CursorError(
+            f"cursor {cursor[:40]!r} is not one this ledger issued; pass the `cursor` of the "
+            "previous page's Link header unchanged, or leave it out for the first page"
+        )
+    return values
+
+
+_Work = Callable[[sqlite3.Connection], Any]
+_STOP: Any = object()
+MAX_BATCH = 256  # requests committed together at most: bounds one transaction's latency
+
+
 class LedgerStore:
-    def __init__(self, path: Path | str, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        path: Path | str,
+        clock: Callable[[], float] = time.time,
+        limits: LedgerLimits | None = None,
+        healthy_after: float = DEFAULT_HEALTHY_AFTER_S,
+    ) -> None:
         self.path = str(path)
         self._clock = clock
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self._db.row_factory = sqlite3.Row
+        self.limits = limits or LedgerLimits()
+        self.healthy_after = healthy_after
+        self._db = self._connect()
         self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA foreign_keys=ON")
-        self._db.execute("PRAGMA busy_timeout=5000")
         self.migrate()
+        self._readers: queue.LifoQueue[sqlite3.Connection] = queue.LifoQueue()
+        self._queue: queue.SimpleQueue[tuple[_Work, Future[Any]]] = queue.SimpleQueue()
+        self._refreshing: set[str] = set()
+        self._refreshing_lock = threading.Lock()
+        self._pruned_at = float("-inf")
+        self._closed = threading.Event()
+        self._writer = threading.Thread(target=self._write_loop, name="gpufleet-ledger-writer")
+        self._writer.daemon = True
+        self._writer.start()
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        db.row_factory = sqlite3.Row
+        db.execute("PRAGMA synchronous=FULL")
+        db.execute("PRAGMA foreign_keys=ON")
+        db.execute("PRAGMA busy_timeout=5000")
+        return db
 
     def close(self) -> None:
-        with self._lock:
+        """Commit what is queued, stop the writer, close every connection."""
+        if not self._closed.is_set():
+            self._closed.set()
+            self._queue.put((_STOP, Future()))
+            self._writer.join()
             self._db.close()
+        while True:
+            try:
+                self._readers.get_nowait().close()
+            except queue.Empty:
+                break
 
     @property
     def schema_version(self) -> int:
-        version: int = self._db.execute("PRAGMA user_version").fetchone()[0]
+        with self._reader() as db:
+            version: int = db.execute("PRAGMA user_version").fetchone()[0]
         return version
 
     def migrate(self) -> None:
-        with self._lock:
-            current = self.schema_version
-            for version, script in enumerate(MIGRATIONS[current:], start=current + 1):
-                self._db.execute("BEGIN IMMEDIATE")
-                try:
-                    for statement in filter(str.strip, script.split(";")):
-                        self._db.execute(statement)
-                    self._db.execute(f"PRAGMA user_version = {version}")
-                    self._db.execute("COMMIT")
-                except BaseException:
-                    self._db.execute("ROLLBACK")
-                    raise
-
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
+        current: int = self._db.execute("PRAGMA user_version").fetchone()[0]
+        for version, script in enumerate(MIGRATIONS[current:], start=current + 1):
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                yield self._db
+                for statement in filter(str.strip, script.split(";")):
+                    self._db.execute(statement)
+                if version == 3:
+                    self._backfill_job_summaries(self._db)
+                self._db.execute(f"PRAGMA user_version = {version}")
+                self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
+
+    def _backfill_job_summaries(self, db: sqlite3.Connection) -> None:
+        for row in db.execute("SELECT DISTINCT training_job FROM attempts").fetchall():
+            self._refresh_job(db, row[0], self._clock())
+
+    # -- the writer ---------------------------------------------------------------------------
+
+    def submit(self, work: Callable[[sqlite3.Connection], T]) -> Future[T]:
+        """Run ``work`` in the writer's next transaction; the future resolves after COMMIT."""
+        future: Future[T] = Future()
+        if self._closed.is_set():
+            future.set_exception(LedgerUnavailableError("the ledger is shutting down"))
+        else:
+            self._queue.put((work, future))
+        return future
+
+    def _write_loop(self) -> None:
+        stopping = False
+        while not stopping:
+            batch = [self._queue.get()]
+            while len(batch) < MAX_BATCH:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            if any(work is _STOP for work, _ in batch):
+                stopping = True
+                batch = [item for item in batch if item[0] is not _STOP]
+            self._prune_if_due()
+            if batch:
+                self._commit(batch)
+        while True:  # anything that raced with close() is refused, never left hanging
+            try:
+                _, future = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            future.set_exception(LedgerUnavailableError("the ledger is shutting down"))
+
+    def _commit(self, batch: list[tuple[_Work, Future[Any]]]) -> None:
+        db = self._db
+        done: list[tuple[Future[Any], Any, BaseException | None]] = []
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            for work, future in batch:
+                if not future.set_running_or_notify_cancel():
+                    continue
+                # A savepoint per request: one refused request leaves its batch intact.
+                db.execute("SAVEPOINT request")
+                try:
+                    result = work(db)
+                except Exception as error:  # noqa: BLE001 - handed to the request's future
+                    db.execute("ROLLBACK TO request")
+                    db.execute("RELEASE request")
+                    done.append((future, None, error))
+                else:
+                    db.execute("RELEASE request")
+                    done.append((future, result, None))
+            db.execute("COMMIT")
+        except sqlite3.Error as error:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            log.error("the ledger could not commit %d writes: %s", len(batch), error)
+            failure = LedgerUnavailableError(f"the database refused the write: {error}")
+            for _, future in batch:
+                if future.running():
+                    future.set_exception(failure)
+            return
+        for future, result, raised in done:
+            if raised is None:
+                future.set_result(result)
             else:
+                future.set_exception(raised)
+
+    def _prune_if_due(self) -> None:
+        now = self._clock()
+        window = self.limits.idempotency_window_s
+        if now - self._pruned_at < min(3600.0, window / 10):
+            return
+        self._pruned_at = now
+        try:
+            self._prune(now - window)
+        except sqlite3.Error as error:
+            log.warning("pruning old idempotency keys failed (will retry): %s", error)
+
+    def _prune(self, before: float) -> int:
+        deleted = 0
+        while True:  # in chunks, so a years-old backlog never holds the writer for long
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                cursor = self._db.execute(
+                    "DELETE FROM idempotency WHERE rowid IN "
+                    "(SELECT rowid FROM idempotency WHERE created_at < ? LIMIT 5000)",
+                    (before,),
+                )
                 self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            deleted += cursor.rowcount
+            if cursor.rowcount < 5000:
+                return deleted
+
+    def prune_idempotency_keys(self) -> int:
+        """Delete the keys older than the window now; returns how many went."""
+        return self.submit(
+            lambda db: (
+                db.execute(
+                    "DELETE FROM idempotency WHERE created_at < ?",
+                    (self._clock() - self.limits.idempotency_window_s,),
+                ).rowcount
+            )
+        ).result()
 
     # -- idempotent writes ----------------------------------------------------------------
 
@@ -131,9 +379,10 @@ class LedgerStore:
         key: str,
         request: dict[str, Any],
         apply: Callable[[sqlite3.Connection, float], tuple[int, dict[str, Any]]],
-    ) -> Stored:
+    ) -> Future[Stored]:
         digest = hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
-        with self._write() as db:
+
+        def work(db: sqlite3.Connection) -> Stored:
             row = db.execute(
                 "SELECT request_hash, status, response FROM idempotency WHERE key = ?", (key,)
             ).fetchone()
@@ -152,7 +401,40 @@ class LedgerStore:
             )
             return Stored(status, body)
 
-    def exclude(self, key: str, event: ExclusionIn) -> Stored:
+        return self.submit(work)
+
+    def _admit(self, db: sqlite3.Connection, label: str, value: str) -> None:
+        """Register a label value, refusing a new one beyond its cap."""
+        if db.execute(
+            "SELECT 1 FROM label_values WHERE label = ? AND value = ?", (label, value)
+        ).fetchone():
+            return
+        field, flag = next((f, fl) for name, f, fl in CAPPED_LABELS if name == label)
+        cap: int = getattr(self.limits, field)
+        known: int = db.execute(
+            "SELECT count(*) FROM label_values WHERE label = ?", (label,)
+        ).fetchone()[0]
+        if known >= cap:
+            raise LedgerCapError(
+                f"{label}_cap",
+                f"the ledger already exports {known} distinct {label} values, its cap "
+                f"({flag}); {label} {value!r} would be one more. The cap keeps /metrics bounded "
+                "and does not clear by waiting: check the writer, or raise the cap.",
+            )
+        db.execute("INSERT INTO label_values (label, value) VALUES (?, ?)", (label, value))
+
+    def _refresh_job(self, db: sqlite3.Connection, job: str, now: float) -> None:
+        attempts = [
+            dict(row) for row in db.execute("SELECT * FROM attempts WHERE training_job = ?", (job,))
+        ]
+        summary = summarise_job(attempts, now, self.healthy_after)
+        db.execute(
+            "INSERT OR REPLACE INTO job_summaries (training_job, summary, valid_until) "
+            "VALUES (?, ?, ?)",
+            (job, summary.to_json(), summary.valid_until),
+        )
+
+    def submit_exclusion(self, key: str, event: ExclusionIn) -> Future[Stored]:
         def apply(db: sqlite3.Connection, now: float) -> tuple[int, dict[str, Any]]:
             at = event.at if event.at is not None else now
             open_row = db.execute(
@@ -163,16 +445,23 @@ class LedgerStore:
                     f"{event.node} is already excluded (exclusion {open_row['id']}); "
                     "release it first"
                 )
+            self._admit(db, "node", event.node)
+            self._admit(db, "reason", event.reason)
             cursor = db.execute(
                 "INSERT INTO exclusions (node, reason, source, training_job, excluded_at, note, "
                 "idempotency_key) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (event.node, event.reason, event.source, event.training_job, at, event.note, key),
             )
+            db.execute(
+                "INSERT INTO exclusion_counts (node, reason, source, count) VALUES (?, ?, ?, 1) "
+                "ON CONFLICT (node, reason, source) DO UPDATE SET count = count + 1",
+                (event.node, event.reason, event.source),
+            )
             return 201, {"id": cursor.lastrowid, "node": event.node, "excluded_at": at}
 
         return self._once(key, {"kind": "exclude", **event.model_dump()}, apply)
 
-    def release(self, key: str, event: ReleaseIn) -> Stored:
+    def submit_release(self, key: str, event: ReleaseIn) -> Future[Stored]:
         def apply(db: sqlite3.Connection, now: float) -> tuple[int, dict[str, Any]]:
             at = event.at if event.at is not None else now
             row = db.execute(
@@ -193,55 +482,106 @@ class LedgerStore:
 
         return self._once(key, {"kind": "release", **event.model_dump()}, apply)
 
-    def attempt_event(self, key: str, event: AttemptEventIn) -> Stored:
+    def submit_attempt_event(self, key: str, event: AttemptEventIn) -> Future[Stored]:
         def apply(db: sqlite3.Connection, now: float) -> tuple[int, dict[str, Any]]:
-            at = event.at if event.at is not None else now
-            job, number = event.training_job, event.attempt
-            row = db.execute(
-                "SELECT * FROM attempts WHERE training_job = ? AND attempt = ?", (job, number)
-            ).fetchone()
-            where = f"attempt {number} of {job}"
-            if event.event == "started":
-                if event.trigger is None:
-                    raise LedgerConflictError("a started event needs a trigger")
-                if row is not None:
-                    raise LedgerConflictError(f"{where} has already started")
-                db.execute(
-                    "INSERT INTO attempts (training_job, attempt, trigger, started_at) "
-                    "VALUES (?, ?, ?, ?)",
-                    (job, number, event.trigger, at),
-                )
-                return 201, {"training_job": job, "attempt": number, "started_at": at}
-            if row is None:
-                raise LedgerConflictError(f"{where} was never started")
-            if at < row["started_at"]:
-                raise LedgerConflictError(f"{where}: {event.event} is before its start")
-            if event.event == "first_step":
-                if row["first_step_at"] is not None:
-                    raise LedgerConflictError(f"{where} already reached its first step")
-                db.execute("UPDATE attempts SET first_step_at = ? WHERE id = ?", (at, row["id"]))
-                return 200, {"training_job": job, "attempt": number, "first_step_at": at}
-            if event.outcome is None:
-                raise LedgerConflictError("an ended event needs an outcome")
-            if row["ended_at"] is not None:
-                raise LedgerConflictError(f"{where} has already ended")
-            db.execute(
-                "UPDATE attempts SET ended_at = ?, outcome = ?, cause = ? WHERE id = ?",
-                (at, event.outcome, event.cause, row["id"]),
-            )
-            return 200, {"training_job": job, "attempt": number, "ended_at": at}
+            status, body = self._apply_attempt(db, event, now)
+            self._refresh_job(db, event.training_job, now)
+            return status, body
 
         return self._once(key, {"kind": "attempt", **event.model_dump()}, apply)
 
+    def _apply_attempt(
+        self, db: sqlite3.Connection, event: AttemptEventIn, now: float
+    ) -> tuple[int, dict[str, Any]]:
+        at = event.at if event.at is not None else now
+        job, number = event.training_job, event.attempt
+        row = db.execute(
+            "SELECT * FROM attempts WHERE training_job = ? AND attempt = ?", (job, number)
+        ).fetchone()
+        where = f"attempt {number} of {job}"
+        if event.event == "started":
+            if event.trigger is None:
+                raise LedgerConflictError("a started event needs a trigger")
+            if row is not None:
+                raise LedgerConflictError(f"{where} has already started")
+            self._admit(db, "training_job", job)
+            db.execute(
+                "INSERT INTO attempts (training_job, attempt, trigger, started_at) "
+                "VALUES (?, ?, ?, ?)",
+                (job, number, event.trigger, at),
+            )
+            return 201, {"training_job": job, "attempt": number, "started_at": at}
+        if row is None:
+            raise LedgerConflictError(f"{where} was never started")
+        if at < row["started_at"]:
+            raise LedgerConflictError(f"{where}: {event.event} is before its start")
+        if event.event == "first_step":
+            if row["first_step_at"] is not None:
+                raise LedgerConflictError(f"{where} already reached its first step")
+            db.execute("UPDATE attempts SET first_step_at = ? WHERE id = ?", (at, row["id"]))
+            return 200, {"training_job": job, "attempt": number, "first_step_at": at}
+        if event.outcome is None:
+            raise LedgerConflictError("an ended event needs an outcome")
+        if row["ended_at"] is not None:
+            raise LedgerConflictError(f"{where} has already ended")
+        db.execute(
+            "UPDATE attempts SET ended_at = ?, outcome = ?, cause = ? WHERE id = ?",
+            (at, event.outcome, event.cause, row["id"]),
+        )
+        return 200, {"training_job": job, "attempt": number, "ended_at": at}
+
+    # Blocking forms, for scripts and tests; the API awaits the futures instead.
+    def exclude(self, key: str, event: ExclusionIn) -> Stored:
+        return self.submit_exclusion(key, event).result()
+
+    def release(self, key: str, event: ReleaseIn) -> Stored:
+        return self.submit_release(key, event).result()
+
+    def attempt_event(self, key: str, event: AttemptEventIn) -> Stored:
+        return self.submit_attempt_event(key, event).result()
+
     # -- queries ----------------------------------------------------------------------------
 
+    @contextmanager
+    def _reader(self) -> Iterator[sqlite3.Connection]:
+        """A read connection of its own (WAL: never waits for the writer), returned after."""
+        try:
+            db = self._readers.get_nowait()
+        except queue.Empty:
+            db = self._connect()
+            db.execute("PRAGMA query_only=ON")
+        try:
+            yield db
+        finally:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            self._readers.put(db)
+
     def _rows(self, sql: str, parameters: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
-        with self._lock:
-            return [dict(row) for row in self._db.execute(sql, parameters).fetchall()]
+        with self._reader() as db:
+            return [dict(row) for row in db.execute(sql, parameters).fetchall()]
 
     def exclusions(
         self, node: str | None = None, since: float | None = None, until: float | None = None
     ) -> list[dict[str, Any]]:
+        """Every matching exclusion in time order (scripts and reports; the API pages)."""
+        rows: list[dict[str, Any]] = []
+        cursor: str | None = None
+        while True:
+            page = self.exclusions_page(node, since, until, limit=10_000, cursor=cursor)
+            rows += page.rows
+            if page.next_cursor is None:
+                return rows
+            cursor = page.next_cursor
+
+    def exclusions_page(
+        self,
+        node: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int = 1000,
+        cursor: str | None = None,
+    ) -> Page:
         clauses: list[str] = []
         parameters: list[Any] = []
         if node:
@@ -253,26 +593,118 @@ class LedgerStore:
         if until is not None:
             clauses.append("excluded_at < ?")
             parameters.append(until)
+        if cursor is not None:
+            clauses.append("(excluded_at, id) > (?, ?)")
+            parameters += _decode_cursor(cursor, ((int, float), int))
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        return self._rows(
-            f"SELECT * FROM exclusions {where} ORDER BY excluded_at, id",  # noqa: S608 - fixed clauses
-            tuple(parameters),
+        rows = self._rows(
+            f"SELECT * FROM exclusions {where} ORDER BY excluded_at, id LIMIT ?",  # noqa: S608 - fixed clauses
+            (*parameters, limit + 1),
+        )
+        more = len(rows) > limit
+        rows = rows[:limit]
+        last = rows[-1] if rows else None
+        return Page(
+            rows, _encode_cursor([last["excluded_at"], last["id"]]) if more and last else None
         )
 
     def excluded_now(self) -> list[dict[str, Any]]:
         return self._rows("SELECT * FROM exclusions WHERE released_at IS NULL ORDER BY node")
 
     def attempts(self, training_job: str | None = None) -> list[dict[str, Any]]:
+        """Every attempt, by job and number (scripts and reports; the API pages)."""
+        rows: list[dict[str, Any]] = []
+        cursor: str | None = None
+        while True:
+            page = self.attempts_page(training_job, limit=10_000, cursor=cursor)
+            rows += page.rows
+            if page.next_cursor is None:
+                return rows
+            cursor = page.next_cursor
+
+    def attempts_page(
+        self, training_job: str | None = None, limit: int = 1000, cursor: str | None = None
+    ) -> Page:
+        clauses: list[str] = []
+        parameters: list[Any] = []
         if training_job:
-            return self._rows(
-                "SELECT * FROM attempts WHERE training_job = ? ORDER BY attempt", (training_job,)
+            clauses.append("training_job = ?")
+            parameters.append(training_job)
+        if cursor is not None:
+            clauses.append("(training_job, attempt) > (?, ?)")
+            parameters += _decode_cursor(cursor, (str, int))
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        rows = self._rows(
+            f"SELECT * FROM attempts {where} ORDER BY training_job, attempt LIMIT ?",  # noqa: S608 - fixed clauses
+            (*parameters, limit + 1),
+        )
+        more = len(rows) > limit
+        rows = rows[:limit]
+        last = rows[-1] if rows else None
+        return Page(
+            rows, _encode_cursor([last["training_job"], last["attempt"]]) if more and last else None
+        )
+
+    def snapshot(self) -> LedgerSnapshot:
+        """What /metrics exports, read in one transaction: O(series) rows, not the history."""
+        now = self._clock()
+        snapshot = LedgerSnapshot()
+        expired: list[str] = []
+        with self._reader() as db:
+            db.execute("BEGIN")
+            snapshot.exclusion_counts = [
+                (row[0], row[1], row[2], row[3])
+                for row in db.execute(
+                    "SELECT node, reason, source, count FROM exclusion_counts "
+                    "ORDER BY node, reason, source"
+                )
+            ]
+            snapshot.excluded = [
+                row[0]
+                for row in db.execute(
+                    "SELECT node FROM exclusions WHERE released_at IS NULL ORDER BY node"
+                )
+            ]
+            for job, text, valid_until in db.execute(
+                "SELECT training_job, summary, valid_until FROM job_summaries ORDER BY training_job"
+            ):
+                if valid_until is not None and now >= valid_until:
+                    # An attempt turned healthy since the last write: recompute this job.
+                    attempts = [
+                        dict(row)
+                        for row in db.execute(
+                            "SELECT * FROM attempts WHERE training_job = ?", (job,)
+                        )
+                    ]
+                    snapshot.jobs[job] = summarise_job(attempts, now, self.healthy_after)
+                    expired.append(job)
+                else:
+                    snapshot.jobs[job] = JobSummary.from_json(text, valid_until)
+            snapshot.label_values = dict(
+                db.execute("SELECT label, count(*) FROM label_values GROUP BY label").fetchall()
             )
-        return self._rows("SELECT * FROM attempts ORDER BY training_job, attempt")
+            db.execute("COMMIT")
+        for job in expired:
+            self._refresh_later(job)
+        return snapshot
+
+    def _refresh_later(self, job: str) -> None:
+        """Store a job's recomputed summary, so the next scrape reads it instead."""
+        with self._refreshing_lock:
+            if job in self._refreshing:
+                return
+            self._refreshing.add(job)
+
+        def work(db: sqlite3.Connection) -> None:
+            with self._refreshing_lock:
+                self._refreshing.discard(job)
+            self._refresh_job(db, job, self._clock())
+
+        self.submit(work)
 
     def exclusion_counts(self) -> list[dict[str, Any]]:
         return self._rows(
-            "SELECT node, reason, source, count(*) AS count FROM exclusions "
-            "GROUP BY node, reason, source ORDER BY node, reason, source"
+            "SELECT node, reason, source, count FROM exclusion_counts ORDER BY node, reason, source"
         )
 
     def idempotency_keys(self) -> set[str]:
