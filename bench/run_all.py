@@ -25,6 +25,12 @@ BENCHES: list[tuple[str, str, list[str], list[str] | None]] = [
     ("client overhead per step", "client_overhead.py", [], ["--calls", "50000"]),
     ("agent ingest", "ingest_throughput.py", [], ["--hours", "2"]),
     (
+        "ledger: history, fsync'd writes",
+        "hostile_ledger.py",
+        [],
+        ["--rows", "0,10000", "--scrapes", "20", "--writes", "200"],
+    ),
+    (
         "rules at scale (512 nodes)",
         "simulate_scale.py",
         ["--skip-history", "--live-nodes", "512", "--warm-hours", "7"],
