@@ -41,7 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpufleet.devstack import ManagedProcess, free_port, http_get, wait_until
-from gpufleet.fleet.store import MIGRATIONS
+from gpufleet.fleet.store import MIGRATIONS, LedgerLimits
 
 REPO = Path(__file__).resolve().parent.parent
 NODES, REASONS, JOBS = 128, ("xid79", "ecc", "nvlink", "slow"), 20
@@ -49,33 +49,42 @@ T0 = 1_700_000_000.0
 TARGET_SCRAPE_MS, TARGET_FLATNESS, TARGET_HEALTHZ_MS = 10.0, 3.0, 50.0
 
 
-def history_database(path: Path, rows: int) -> None:
-    """A v2 ledger (the schema before materialised counters) holding ``rows`` rows."""
+def history_database(
+    path: Path, rows: int, *, nodes: int = NODES, jobs: int = JOBS, distinct: bool = False
+) -> None:
+    """A v2 ledger (the schema before materialised counters) holding ``rows`` rows, 80%
+    exclusions; with ``distinct``, every exclusion is a series of its own (filling a cap)."""
     database = sqlite3.connect(path)
     for script in MIGRATIONS[:2]:
         for statement in filter(str.strip, script.split(";")):
             database.execute(statement)
     database.execute("PRAGMA user_version = 2")
     exclusions, attempts = rows * 4 // 5, rows - rows * 4 // 5
+
+    def reason(i: int) -> str:
+        return REASONS[i // nodes % 4] if distinct else REASONS[i % 4]
+
     database.executemany(
         "INSERT INTO exclusions (node, reason, source, excluded_at, released_at, "
         "idempotency_key) VALUES (?, ?, ?, ?, ?, ?)",
         (
-            (f"node-{i % NODES:04d}", REASONS[i % 4], ("auto", "manual")[i % 2], T0 + i * 60,
-             T0 + i * 60 + 30, f"history-exclusion-{i}")
+            (f"node-{i % nodes:05d}", reason(i),
+             ("auto", "manual")[i // (4 * nodes) % 2 if distinct else i % 2],
+             T0 + i * 60, T0 + i * 60 + 30, f"history-exclusion-{i}")
             for i in range(exclusions)
         ),
     )  # fmt: skip
-    per_job = -(-attempts // JOBS)
+    JOBS_ = jobs  # noqa: N806 - the generator below reads it
+    per_job = -(-attempts // JOBS_)
     database.executemany(
         "INSERT INTO attempts (training_job, attempt, trigger, started_at, first_step_at, "
         "ended_at, outcome, cause) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
         (
-            (f"job-{i % JOBS:02d}", i // JOBS + 1,
-             "initial" if i < JOBS else ("manual" if i // JOBS % 5 == 0 else "auto"),
-             T0 + (i // JOBS) * 7200, T0 + (i // JOBS) * 7200 + 300,
-             T0 + (i // JOBS) * 7200 + 3600, "failed", "xid79")
-            for i in range(min(attempts, per_job * JOBS))
+            (f"job-{i % JOBS_:03d}", i // JOBS_ + 1,
+             "initial" if i < JOBS_ else ("manual" if i // JOBS_ % 5 == 0 else "auto"),
+             T0 + (i // JOBS_) * 7200, T0 + (i // JOBS_) * 7200 + 300,
+             T0 + (i // JOBS_) * 7200 + 3600, "failed", "xid79")
+            for i in range(min(attempts, per_job * JOBS_))
         ),
     )  # fmt: skip
     database.commit()
@@ -120,10 +129,13 @@ def p99(values: list[float]) -> float:
 
 
 def scrape_phase(
-    name: str, source: Path, workdir: Path, rows: int, scrapes: int
+    name: str, source: Path, workdir: Path, rows: int, scrapes: int, *, at_caps: bool = False
 ) -> dict[str, float]:
-    db = workdir / f"{name}-{rows}.db"
-    history_database(db, rows)
+    db = workdir / f"{name}-{rows}{'-caps' if at_caps else ''}.db"
+    if at_caps:  # LedgerLimits' defaults: 10,000 exclusion series on 10,000 nodes, 500 jobs
+        history_database(db, rows, nodes=10_000, jobs=500, distinct=True)
+    else:
+        history_database(db, rows)
     ledger = Ledger(name, source, workdir, db)
     try:
         connection = ledger.connection()
@@ -243,6 +255,9 @@ def main() -> int:
     parser.add_argument(
         "--baseline-scrapes", type=int, default=10, help="scrapes per size for the baseline"
     )
+    parser.add_argument(
+        "--skip-caps", action="store_true", help="skip the scrape of a ledger filled to its caps"
+    )
     args = parser.parse_args()
     sizes = [int(text) for text in args.rows.split(",")]
     workdir = Path(tempfile.mkdtemp(prefix="gpufleet-bench-ledger-"))
@@ -259,6 +274,10 @@ def main() -> int:
                 rows: scrape_phase(name, source, workdir, rows, count) for rows in sizes
             }
             writes[name] = write_phase(name, source, workdir, args.writes, args.concurrency)
+        caps = None
+        if not args.skip_caps:
+            # 10,000 exclusions (one series each) and 2,500 attempts (5 per job)
+            caps = scrape_phase("current", REPO / "exporter", workdir, 12_500, 5, at_caps=True)
 
         print("\nledger /metrics by stored rows (keep-alive, medians; a shared, noisy machine)")
         print(f"{'build':12} {'rows':>7} {'median ms':>10} {'p99 ms':>8} {'series':>7} "
@@ -269,6 +288,13 @@ def main() -> int:
                     f"{name:12} {rows:7d} {row['median_ms']:10.2f} {row['p99_ms']:8.2f} "
                     f"{row['series']:7.0f} {row['bytes']:8.0f} {row['startup_s']:9.2f}"
                 )
+        if caps is not None:
+            print(
+                f"\nfilled to the default caps (10,000 exclusion series, 10,000 nodes, 500 jobs): "
+                f"{caps['series']:.0f} series, {caps['bytes'] / 1e6:.1f} MB, scrape median "
+                f"{caps['median_ms']:.0f} ms; LedgerLimits().worst_case_series = "
+                f"{LedgerLimits().worst_case_series}"
+            )
         print(f"\nwrites with fsync ({args.writes} sequential, then {args.concurrency} clients)")
         print(f"{'build':12} {'seq/s':>8} {'conc/s':>8} {'healthz med ms':>14} {'p99 ms':>8}")
         for name, row in writes.items():
@@ -283,6 +309,9 @@ def main() -> int:
             "writes_per_s_conc": writes["current"]["concurrent_per_s"],
             "healthz_p99_ms_writing": writes["current"]["healthz_p99_ms"],
         }
+        if caps is not None:
+            figures["caps_series"] = caps["series"]
+            figures["caps_scrape_ms"] = caps["median_ms"]
         if args.baseline_ref:
             base = scrapes[args.baseline_ref]
             print(f"\nbefore ({args.baseline_ref}) / after, medians:")

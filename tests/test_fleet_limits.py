@@ -100,6 +100,30 @@ def test_new_label_values_beyond_their_caps_get_429_are_counted_and_store_nothin
         store.close()
 
 
+def test_known_labels_cannot_be_combined_into_series_beyond_the_series_cap(
+    tmp_path: Path, clock: Clock
+) -> None:
+    store, client = open_ledger(tmp_path / "fleet.db", clock, max_exclusion_series=3)
+    try:
+        combinations = [("n1", "xid79"), ("n1", "ecc"), ("n2", "xid79"), ("n2", "ecc")]
+        answers = []
+        for index, (node, reason) in enumerate(combinations):
+            body = {"node": node, "reason": reason, "source": "auto"}
+            answers.append(post(client, "/v1/exclusions", body, f"key-series-{index}").status_code)
+            post(client, "/v1/releases", {"node": node}, f"key-series-release-{index}")
+        assert answers == [201, 201, 201, 429]
+        again = post(client, "/v1/exclusions", {"node": "n1", "reason": "ecc", "source": "auto"},
+                     "key-series-again")  # fmt: skip
+        assert again.status_code == 201  # an existing series keeps counting
+        text = client.get("/metrics").text
+        assert text.count("gpufleet_fleet_node_exclusions_total{") == 3
+        rejected = 'gpufleet_fleet_writes_rejected_total{reason="exclusion_series_cap"}'
+        assert sample(client, rejected) == 1
+    finally:
+        client.close()
+        store.close()
+
+
 def test_idempotency_keys_are_kept_for_the_window_then_pruned(tmp_path: Path, clock: Clock) -> None:
     store, client = open_ledger(tmp_path / "fleet.db", clock, idempotency_window_s=7 * DAY)
     try:

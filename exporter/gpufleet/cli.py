@@ -276,7 +276,7 @@ FLEET_OPTIONS = (
         "--max-training-jobs",
         "GPUFLEET_FLEET_MAX_TRAINING_JOBS",
         _positive_int,
-        "2000",
+        "500",
         "distinct training_job label values the ledger exports, ever (beyond: 429)",
     ),
     _Option(
@@ -285,6 +285,13 @@ FLEET_OPTIONS = (
         _positive_int,
         "256",
         "distinct exclusion reasons the ledger exports, ever (beyond: 429)",
+    ),
+    _Option(
+        "--max-exclusion-series",
+        "GPUFLEET_FLEET_MAX_EXCLUSION_SERIES",
+        _positive_int,
+        "10000",
+        "distinct (node, reason, source) exclusion series, ever (beyond: 429)",
     ),
     _Option(
         "--idempotency-window",
@@ -386,6 +393,7 @@ def _run_fleet(namespace: argparse.Namespace) -> int:
         max_nodes=values["max_nodes"],
         max_training_jobs=values["max_training_jobs"],
         max_reasons=values["max_reasons"],
+        max_exclusion_series=values["max_exclusion_series"],
         idempotency_window_s=values["idempotency_window"],
     )
     try:

@@ -126,7 +126,8 @@ class LedgerCollector(Collector):
         rejected = CounterMetricFamily(
             WRITES_REJECTED,
             "Writes the ledger refused, by reason (unauthorized, not_loopback, bad_key, "
-            "too_large, invalid, conflict, node_cap, training_job_cap, reason_cap, unavailable).",
+            "too_large, invalid, conflict, node_cap, training_job_cap, reason_cap, "
+            "exclusion_series_cap, unavailable).",
             labels=["reason"],
         )
         for reason, number in sorted(self._rejections.snapshot().items()):

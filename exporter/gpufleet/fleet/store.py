@@ -119,9 +119,20 @@ class LedgerLimits:
     """Caps on what writers can make the ledger export, and how long keys are kept."""
 
     max_nodes: int = 10_000  # distinct `node` label values, ever
-    max_training_jobs: int = 2_000  # distinct `training_job` label values, ever
+    max_training_jobs: int = 500  # distinct `training_job` label values, ever
     max_reasons: int = 256  # distinct exclusion `reason` label values, ever
+    # (node, reason, source) series of the exclusion counter: the caps above bound each
+    # label, not their product, which a writer could otherwise fill one exclusion at a time
+    max_exclusion_series: int = 10_000
     idempotency_window_s: float = 7 * 86400.0
+
+    @property
+    def worst_case_series(self) -> int:
+        """The most series the ledger's own families can reach at these caps."""
+        # per job: attempts 3 triggers x 4 outcomes, a downtime histogram per trigger
+        # (9 buckets, +Inf, sum, count), 3 chain outcomes, 1 open-chain gauge
+        per_job = 3 * 4 + 3 * 12 + 3 + 1
+        return self.max_exclusion_series + self.max_nodes + 1 + per_job * self.max_training_jobs
 
 
 # (label, LedgerLimits field, flag): what each cap is called where an operator changes it
@@ -423,6 +434,21 @@ class LedgerStore:
             )
         db.execute("INSERT INTO label_values (label, value) VALUES (?, ?)", (label, value))
 
+    def _admit_exclusion_series(self, db: sqlite3.Connection, event: ExclusionIn) -> None:
+        series = (event.node, event.reason, event.source)
+        if db.execute(
+            "SELECT 1 FROM exclusion_counts WHERE node = ? AND reason = ? AND source = ?", series
+        ).fetchone():
+            return
+        known: int = db.execute("SELECT count(*) FROM exclusion_counts").fetchone()[0]
+        if known >= self.limits.max_exclusion_series:
+            raise LedgerCapError(
+                "exclusion_series_cap",
+                f"the ledger already exports {known} (node, reason, source) exclusion series, "
+                f"its cap (--max-exclusion-series); {series} would be one more. The cap keeps "
+                "/metrics bounded and does not clear by waiting: check the writer, or raise it.",
+            )
+
     def _refresh_job(self, db: sqlite3.Connection, job: str, now: float) -> None:
         attempts = [
             dict(row) for row in db.execute("SELECT * FROM attempts WHERE training_job = ?", (job,))
@@ -447,6 +473,7 @@ class LedgerStore:
                 )
             self._admit(db, "node", event.node)
             self._admit(db, "reason", event.reason)
+            self._admit_exclusion_series(db, event)
             cursor = db.execute(
                 "INSERT INTO exclusions (node, reason, source, training_job, excluded_at, note, "
                 "idempotency_key) VALUES (?, ?, ?, ?, ?, ?, ?)",
