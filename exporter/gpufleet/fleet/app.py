@@ -7,7 +7,6 @@ import hmac
 import ipaddress
 import re
 import time
-from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -45,19 +44,17 @@ def _problem(status: int, detail: Any) -> JSONResponse:
     return JSONResponse({"detail": detail}, status)
 
 
-def top_nodes(rows: list[dict[str, Any]], limit: int = 20) -> dict[str, Any]:
-    """Nodes by exclusions, each one's share, and the share of the top three."""
-    counts = Counter(row["node"] for row in rows)
-    total = sum(counts.values())
-    ranked = counts.most_common()
-    top3 = sum(count for _, count in ranked[:3])
+def top_nodes(counts: list[tuple[str, int]], limit: int = 20) -> dict[str, Any]:
+    """Nodes by exclusions (most first), each one's share, and the share of the top three."""
+    total = sum(count for _, count in counts)
+    top3 = sum(count for _, count in counts[:3])
     return {
         "total": total,
         "nodes": len(counts),
         "top3_share": top3 / total if total else 0.0,
         "leaderboard": [
             {"node": node, "exclusions": count, "share": count / total}
-            for node, count in ranked[:limit]
+            for node, count in counts[:limit]
         ],
     }
 
@@ -235,7 +232,7 @@ def _add_reads(app: APIRouter, store: LedgerStore, clock: Callable[[], float]) -
 
     @app.get("/v1/exclusions/top")
     def exclusions_top(days: float = Query(30.0, gt=0, le=3650)) -> dict[str, Any]:
-        return top_nodes(store.exclusions(since=clock() - days * 86400))
+        return top_nodes(store.exclusions_by_node(since=clock() - days * 86400))
 
     @app.get("/v1/excluded")
     def excluded() -> list[dict[str, Any]]:

@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -328,9 +328,10 @@ class LedgerStore:
                     db.execute("RELEASE request")
                     done.append((future, result, None))
             db.execute("COMMIT")
-        except sqlite3.Error as error:
+        except Exception as error:  # noqa: BLE001 - the writer thread must outlive any batch
             if db.in_transaction:
-                db.execute("ROLLBACK")
+                with suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
             log.error("the ledger could not commit %d writes: %s", len(batch), error)
             failure = LedgerUnavailableError(f"the database refused the write: {error}")
             for _, future in batch:
@@ -582,7 +583,10 @@ class LedgerStore:
         finally:
             if db.in_transaction:
                 db.execute("ROLLBACK")
-            self._readers.put(db)
+            if self._closed.is_set():
+                db.close()
+            else:
+                self._readers.put(db)
 
     def _rows(self, sql: str, parameters: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
         with self._reader() as db:
@@ -634,6 +638,17 @@ class LedgerStore:
         return Page(
             rows, _encode_cursor([last["excluded_at"], last["id"]]) if more and last else None
         )
+
+    def exclusions_by_node(self, since: float) -> list[tuple[str, int]]:
+        """Exclusions per node since ``since``, most first (ties by node name)."""
+        return [
+            (row["node"], row["count"])
+            for row in self._rows(
+                "SELECT node, count(*) AS count FROM exclusions WHERE excluded_at >= ? "
+                "GROUP BY node ORDER BY count DESC, node",
+                (since,),
+            )
+        ]
 
     def excluded_now(self) -> list[dict[str, Any]]:
         return self._rows("SELECT * FROM exclusions WHERE released_at IS NULL ORDER BY node")
