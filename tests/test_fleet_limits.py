@@ -16,7 +16,12 @@ from gpufleet.devstack import http_get, http_json
 from gpufleet.fleet.app import PAGE_DEFAULT, create_app
 from gpufleet.fleet.client import LedgerClient, LedgerError
 from gpufleet.fleet.models import ExclusionIn
-from gpufleet.fleet.store import LedgerConflictError, LedgerLimits, LedgerStore
+from gpufleet.fleet.store import (
+    LedgerConflictError,
+    LedgerLimits,
+    LedgerStore,
+    LedgerUnavailableError,
+)
 
 NOW = 1_800_000_000.0
 DAY = 86400.0
@@ -288,3 +293,28 @@ def test_the_client_reads_a_token_file_and_names_a_missing_one(
     monkeypatch.setenv("GPUFLEET_FLEET_TOKEN_FILE", str(tmp_path / "missing"))
     with pytest.raises(LedgerError, match="cannot read the token file"):
         LedgerClient("http://127.0.0.1:1")
+
+
+def test_a_write_the_database_cannot_take_is_a_503_that_stores_nothing(
+    tmp_path: Path, clock: Clock
+) -> None:
+    store, client = open_ledger(tmp_path / "fleet.db", clock)
+    try:
+        # a full disk, seen by one request in the batch: the others are unaffected
+        def full(db: sqlite3.Connection) -> None:
+            raise sqlite3.OperationalError("database or disk is full")
+
+        failed = store.submit(full)
+        with pytest.raises(LedgerUnavailableError, match="disk is full"):
+            failed.result(30)
+        assert (
+            post(client, "/v1/exclusions", {"node": "n1", "reason": "x"}, "key-after").status_code
+            == 201
+        )
+        store.close()  # shutting down: nothing more can be stored
+        refused = post(client, "/v1/exclusions", {"node": "n2", "reason": "x"}, "key-closing")
+        assert refused.status_code == 503
+        assert "retry with the same key" in refused.json()["detail"]
+    finally:
+        client.close()
+        store.close()

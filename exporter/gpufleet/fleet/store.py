@@ -323,6 +323,8 @@ class LedgerStore:
                 except Exception as error:  # noqa: BLE001 - handed to the request's future
                     db.execute("ROLLBACK TO request")
                     db.execute("RELEASE request")
+                    if isinstance(error, sqlite3.Error):  # the disk, not the request (503)
+                        error = LedgerUnavailableError(f"the database refused the write: {error}")
                     done.append((future, None, error))
                 else:
                     db.execute("RELEASE request")
