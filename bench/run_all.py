@@ -28,7 +28,7 @@ BENCHES: list[tuple[str, str, list[str], list[str] | None]] = [
         "ledger: history, fsync'd writes",
         "hostile_ledger.py",
         [],
-        ["--rows", "0,10000", "--scrapes", "20", "--writes", "200"],
+        ["--rows", "0,10000", "--scrapes", "20", "--writes", "400"],
     ),
     (
         "rules at scale (512 nodes)",
