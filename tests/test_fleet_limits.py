@@ -158,13 +158,13 @@ def test_idempotency_keys_are_kept_for_the_window_then_pruned(tmp_path: Path, cl
         store.close()
 
 
-def fill_exclusions(path: Path, count: int) -> None:
+def fill_exclusions(path: Path, count: int, at: float = NOW, key: str = "k") -> None:
     """Rows written straight into the file (fast), as a long history would have left them."""
     database = sqlite3.connect(path)
     database.executemany(
         "INSERT INTO exclusions (node, reason, source, excluded_at, released_at, "
         "idempotency_key) VALUES (?, 'xid79', 'auto', ?, ?, ?)",
-        [(f"n{i % 7}", NOW + i // 3, NOW + i // 3 + 1, f"k{i}") for i in range(count)],
+        [(f"n{i % 7}", at + i // 3, at + i // 3 + 1, f"{key}{i}") for i in range(count)],
     )
     database.commit()
     database.close()
@@ -179,15 +179,17 @@ def test_lists_are_paged_with_a_bounded_default_and_a_next_link(
         first = client.get("/v1/exclusions")
         assert len(first.json()) == PAGE_DEFAULT
         assert first.headers["link"].endswith('>; rel="next"')
+        expected = [r["id"] for r in store.exclusions(node="n3")]
         seen: list[int] = []
-        following: str | None = "/v1/exclusions?limit=400&node=n3"
+        following: str | None = "/v1/exclusions?limit=40&node=n3"
         while following:
             page = client.get(following)
             assert page.status_code == 200
             seen += [row["id"] for row in page.json()]
             link = page.headers.get("link")
             following = link[1 : link.index(">")] if link else None
-        expected = [r["id"] for r in store.exclusions(node="n3")]
+            if len(seen) == 40:  # a write lands between two pages, earlier than the cursor
+                fill_exclusions(tmp_path / "fleet.db", 7, at=NOW - 1000, key="late")
         assert seen == expected and len(seen) == len(set(seen)) > 100
         assert "link" not in client.get("/v1/exclusions", params={"limit": 5000}).headers
         bad = client.get("/v1/exclusions", params={"cursor": "not-a-cursor"})
