@@ -9,11 +9,10 @@ answer without writing again; reusing a key for a different request is a
 conflict. Keys are kept for ``idempotency_window_s`` (7 days by default): a
 retry must come within that window.
 
-One writer thread owns the only writing connection, so neither a write nor its
-fsync ever runs on the event loop. Requests that arrive while a commit is
-under way are committed together in the next transaction, each inside its own
-savepoint (group commit: one fsync for many writers, and a refused request
-still changes nothing). Reads use their own connections and, in WAL mode, run
+One writer thread (``writer.py``) owns the only writing connection, so neither
+a write nor its fsync ever runs on the event loop, and requests that queue up
+meanwhile share one commit, each in its own savepoint (a refused request still
+changes nothing). Reads use their own connections and, in WAL mode, run
 concurrently with the writer and with each other.
 """
 
@@ -30,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -38,6 +37,7 @@ from typing import Any, TypeVar
 from gpufleet.fleet.chains import DEFAULT_HEALTHY_AFTER_S
 from gpufleet.fleet.counters import JobSummary, LedgerSnapshot, summarise_job
 from gpufleet.fleet.models import AttemptEventIn, ExclusionIn, ReleaseIn
+from gpufleet.fleet.writer import SerialWriter, WriterUnavailableError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -155,8 +155,7 @@ class LedgerCapError(Exception):
         self.reason = reason
 
 
-class LedgerUnavailableError(Exception):
-    """Nothing was stored: the database failed or the ledger is shutting down (HTTP 503)."""
+LedgerUnavailableError = WriterUnavailableError  # nothing was stored (HTTP 503)
 
 
 class CursorError(ValueError):
@@ -199,11 +198,6 @@ def _decode_cursor(cursor: str, types: tuple[type | tuple[type, ...], ...]) -> l
     return values
 
 
-_Work = Callable[[sqlite3.Connection], Any]
-_STOP: Any = object()
-MAX_BATCH = 256  # requests committed together at most: bounds one transaction's latency
-
-
 class LedgerStore:
     def __init__(
         self,
@@ -220,14 +214,10 @@ class LedgerStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self.migrate()
         self._readers: queue.LifoQueue[sqlite3.Connection] = queue.LifoQueue()
-        self._queue: queue.SimpleQueue[tuple[_Work, Future[Any]]] = queue.SimpleQueue()
         self._refreshing: set[str] = set()
         self._refreshing_lock = threading.Lock()
         self._pruned_at = float("-inf")
-        self._closed = threading.Event()
-        self._writer = threading.Thread(target=self._write_loop, name="gpufleet-ledger-writer")
-        self._writer.daemon = True
-        self._writer.start()
+        self._writer = SerialWriter(self._db, self._prune_if_due, "gpufleet-ledger-writer")
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -239,10 +229,8 @@ class LedgerStore:
 
     def close(self) -> None:
         """Commit what is queued, stop the writer, close every connection."""
-        if not self._closed.is_set():
-            self._closed.set()
-            self._queue.put((_STOP, Future()))
-            self._writer.join()
+        if not self._writer.closed:
+            self._writer.close()
             self._db.close()
         while True:
             try:
@@ -279,72 +267,7 @@ class LedgerStore:
 
     def submit(self, work: Callable[[sqlite3.Connection], T]) -> Future[T]:
         """Run ``work`` in the writer's next transaction; the future resolves after COMMIT."""
-        future: Future[T] = Future()
-        if self._closed.is_set():
-            future.set_exception(LedgerUnavailableError("the ledger is shutting down"))
-        else:
-            self._queue.put((work, future))
-        return future
-
-    def _write_loop(self) -> None:
-        stopping = False
-        while not stopping:
-            batch = [self._queue.get()]
-            while len(batch) < MAX_BATCH:
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            if any(work is _STOP for work, _ in batch):
-                stopping = True
-                batch = [item for item in batch if item[0] is not _STOP]
-            self._prune_if_due()
-            if batch:
-                self._commit(batch)
-        while True:  # anything that raced with close() is refused, never left hanging
-            try:
-                _, future = self._queue.get_nowait()
-            except queue.Empty:
-                return
-            future.set_exception(LedgerUnavailableError("the ledger is shutting down"))
-
-    def _commit(self, batch: list[tuple[_Work, Future[Any]]]) -> None:
-        db = self._db
-        done: list[tuple[Future[Any], Any, BaseException | None]] = []
-        try:
-            db.execute("BEGIN IMMEDIATE")
-            for work, future in batch:
-                if not future.set_running_or_notify_cancel():
-                    continue
-                # A savepoint per request: one refused request leaves its batch intact.
-                db.execute("SAVEPOINT request")
-                try:
-                    result = work(db)
-                except Exception as error:  # noqa: BLE001 - handed to the request's future
-                    db.execute("ROLLBACK TO request")
-                    db.execute("RELEASE request")
-                    if isinstance(error, sqlite3.Error):  # the disk, not the request (503)
-                        error = LedgerUnavailableError(f"the database refused the write: {error}")
-                    done.append((future, None, error))
-                else:
-                    db.execute("RELEASE request")
-                    done.append((future, result, None))
-            db.execute("COMMIT")
-        except Exception as error:  # noqa: BLE001 - the writer thread must outlive any batch
-            if db.in_transaction:
-                with suppress(sqlite3.Error):
-                    db.execute("ROLLBACK")
-            log.error("the ledger could not commit %d writes: %s", len(batch), error)
-            failure = LedgerUnavailableError(f"the database refused the write: {error}")
-            for _, future in batch:
-                if future.running():
-                    future.set_exception(failure)
-            return
-        for future, result, raised in done:
-            if raised is None:
-                future.set_result(result)
-            else:
-                future.set_exception(raised)
+        return self._writer.submit(work)
 
     def _prune_if_due(self) -> None:
         now = self._clock()
@@ -585,7 +508,7 @@ class LedgerStore:
         finally:
             if db.in_transaction:
                 db.execute("ROLLBACK")
-            if self._closed.is_set():
+            if self._writer.closed:
                 db.close()
             else:
                 self._readers.put(db)
