@@ -3,8 +3,10 @@
 Starts the fleet ledger, the simulator (64 nodes running the ``demo`` scenario:
 a straggler, an XID 79 and a checkpoint storm within ten minutes, reported to
 the ledger), a real Prometheus that discovers every virtual node through
-file_sd and evaluates gpufleet's rules, and a real Alertmanager; prints where
-they are, and stops all of them on Ctrl-C.
+file_sd and evaluates gpufleet's rules, a real Alertmanager, and the pager whose
+log shows every page; prints where they are, and stops all of them on Ctrl-C.
+Prometheus and Alertmanager run the same configuration files under ``deploy/``
+as ``docker compose up`` (see :mod:`gpufleet.deploytree`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import threading
 from pathlib import Path
 from types import FrameType
 
+from gpufleet.deploytree import REPO, DeployTree, DeployTreeError
 from gpufleet.devstack import (
     AlertmanagerServer,
     DevstackError,
@@ -23,11 +26,10 @@ from gpufleet.devstack import (
     free_port,
     http_get,
     port_is_free,
-    static_scrape_config,
     wait_until,
 )
 
-RULES_DIR = Path(__file__).resolve().parents[2] / "alerts"
+RULES_DIR = REPO / "alerts"
 
 
 def _port(preferred: int) -> int:
@@ -45,7 +47,21 @@ def run_demo(
     workdir = workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     sim_port, fleet_port = _port(9500), _port(9406)
-    targets = workdir / "targets.json"
+    try:
+        tree = DeployTree(workdir / "etc").prepare()
+        pager_host, pager_port = tree.pager_address()
+    except DeployTreeError as error:
+        print(f"gpufleet demo: {error}", file=sys.stderr)
+        return 1
+    if not port_is_free(pager_port):
+        print(
+            f"gpufleet demo: port {pager_port} is taken; deploy/alertmanager/alertmanager.yml "
+            "sends pages there. Stop what listens on it, or edit the webhook URL.",
+            file=sys.stderr,
+        )
+        return 1
+    targets = tree.targets_file("agents")
+    tree.write_targets("fleet", [f"127.0.0.1:{fleet_port}"])
     ledger = ManagedProcess(
         [
             sys.executable, "-m", "gpufleet", "fleet", "--listen", f"127.0.0.1:{fleet_port}",
@@ -62,20 +78,17 @@ def run_demo(
         ],
         workdir / "simulator.log",
     )  # fmt: skip
-    alertmanager = AlertmanagerServer(workdir / "alertmanager", port=_port(9093))
-    prometheus = PrometheusServer(
-        workdir / "prometheus",
-        scrape_configs=[
-            {
-                "job_name": "gpufleet-agent",
-                "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "5s"}],
-            },
-            static_scrape_config("gpufleet-fleet", [f"127.0.0.1:{fleet_port}"]),
+    pager = ManagedProcess(
+        [
+            sys.executable, "-m", "gpufleet.pager", "--listen", f"{pager_host}:{pager_port}",
         ],
-        rule_files=rule_files(),
-        scrape_interval="5s",
-        evaluation_interval="5s",
-        port=_port(prometheus_port),
+        workdir / "pager.log",
+    )  # fmt: skip
+    alertmanager = AlertmanagerServer(
+        workdir / "alertmanager", port=_port(9093), config_file=tree.alertmanager_config
+    )
+    prometheus = PrometheusServer(
+        workdir / "prometheus", config_file=tree.prometheus_config, port=_port(prometheus_port)
     )
     started: list[ManagedProcess | PrometheusServer | AlertmanagerServer] = []
     stop = threading.Event()
@@ -96,9 +109,12 @@ def run_demo(
             30,
             what="the simulator to be ready",
         )
+        pager.start()
+        started.append(pager)
+        wait_until(lambda: http_get(f"http://{pager_host}:{pager_port}/"), 30, what="the pager")
         alertmanager.start()
         started.append(alertmanager)
-        prometheus.alertmanager_urls = [alertmanager.url]
+        tree.write_targets("alertmanager", [f"127.0.0.1:{alertmanager.port}"])
         prometheus.start()
         started.append(prometheus)
         prometheus.wait_for_targets_up(nodes + 1, timeout=60)
@@ -110,6 +126,7 @@ def run_demo(
             f"  fleet ledger  http://127.0.0.1:{fleet_port}/docs\n"
             f"  Prometheus    {prometheus.url}/alerts\n"
             f"  Alertmanager  {alertmanager.url}\n"
+            f"  pages         tail -f {workdir / 'pager.log'}\n"
             "Within ten minutes: node-012 turns slow (minute 1), GPU 3 of node-040 falls off\n"
             "the bus with XID 79 (minute 4), every node checkpoints at once (minute 5).\n"
             "Press Ctrl-C to stop everything.",

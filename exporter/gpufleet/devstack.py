@@ -232,11 +232,22 @@ class PrometheusServer:
     extra_args: list[str] = field(default_factory=list)
     storage_path: Path | None = None  # e.g. blocks backfilled by promtool; default workdir/data
     remote_write_urls: list[str] = field(default_factory=list)
+    # A configuration file to run as it is (deploy/prometheus/prometheus.yml in the demo)
+    # instead of one made from the fields above.
+    config_file: Path | None = None
     process: ManagedProcess | None = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def _config_path(self) -> Path:
+        if self.config_file is not None:
+            return self.config_file
+        config_path = self.workdir / "prometheus.yml"
+        # JSON is YAML: no YAML library needed at run time.
+        config_path.write_text(json.dumps(self.config(), indent=1))
+        return config_path
 
     def config(self) -> dict[str, Any]:
         config: dict[str, Any] = {
@@ -266,9 +277,7 @@ class PrometheusServer:
         binary = find_binary("prometheus")
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = self.port or free_port()
-        config_path = self.workdir / "prometheus.yml"
-        # JSON is YAML: no YAML library needed at run time.
-        config_path.write_text(json.dumps(self.config(), indent=1))
+        config_path = self._config_path()
         self.process = ManagedProcess(
             [
                 binary,
@@ -298,7 +307,7 @@ class PrometheusServer:
             self.process.stop()
 
     def reload(self) -> None:
-        (self.workdir / "prometheus.yml").write_text(json.dumps(self.config(), indent=1))
+        self._config_path()
         request = urllib.request.Request(f"{self.url}/-/reload", method="POST")  # noqa: S310
         with urllib.request.urlopen(request, timeout=10):  # noqa: S310
             pass
@@ -350,6 +359,8 @@ class AlertmanagerServer:
     group_wait: str = "1s"
     group_interval: str = "1s"
     repeat_interval: str = "1h"
+    # A configuration file to run as it is (deploy/alertmanager/alertmanager.yml in the demo).
+    config_file: Path | None = None
     process: ManagedProcess | None = None
 
     @property
@@ -377,8 +388,9 @@ class AlertmanagerServer:
         binary = find_binary("prometheus-alertmanager")
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = self.port or free_port()
-        config_path = self.workdir / "alertmanager.yml"
-        config_path.write_text(json.dumps(self.config(), indent=1))
+        config_path = self.config_file or self.workdir / "alertmanager.yml"
+        if self.config_file is None:
+            config_path.write_text(json.dumps(self.config(), indent=1))
         self.process = ManagedProcess(
             [
                 binary,
