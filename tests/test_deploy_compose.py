@@ -1,0 +1,318 @@
+"""docker-compose.yml, the Dockerfile and the deploy/ files, checked without a Docker engine
+(none exists on these machines): Debian's docker-compose validates the file, promtool and
+amtool check the configurations, and every path a configuration names inside a container
+is one that the compose file mounts from a file that exists."""
+
+from __future__ import annotations
+
+import configparser
+import json
+import posixpath
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from deploy_tools import REPO, tool
+from gpufleet.cli import build_parser
+from gpufleet.deploytree import DeployTree
+
+COMPOSE = REPO / "docker-compose.yml"
+DEPLOY = REPO / "deploy"
+
+
+def compose() -> dict[str, Any]:
+    document: dict[str, Any] = yaml.safe_load(COMPOSE.read_text())
+    return document
+
+
+def service(name: str) -> dict[str, Any]:
+    # The x-gpufleet anchor is merged by PyYAML as compose merges it.
+    found: dict[str, Any] = compose()["services"][name]
+    return found
+
+
+def bind_mounts(name: str) -> dict[str, Path]:
+    """Container path -> file or directory of this checkout, for a service's bind mounts."""
+    mounts = {}
+    for volume in service(name).get("volumes", []):
+        source, target = volume.split(":")[:2]
+        if source.startswith("./"):
+            mounts[target] = REPO / source[2:]
+    return mounts
+
+
+def named_volumes(name: str) -> dict[str, str]:
+    return {
+        volume.split(":")[1]: volume.split(":")[0]
+        for volume in service(name).get("volumes", [])
+        if not volume.startswith("./")
+    }
+
+
+def flag(args: list[str], name: str) -> str:
+    (value,) = [arg.split("=", 1)[1] for arg in args if arg.startswith(f"{name}=")]
+    return value
+
+
+def resolve_in_container(mounts: dict[str, Path], path: str) -> Path | None:
+    """The checkout file behind a container path, through the longest mount that holds it."""
+    for target in sorted(mounts, key=len, reverse=True):
+        if path == target or path.startswith(target + "/"):
+            return mounts[target] / path[len(target) :].lstrip("/")
+    return None
+
+
+def test_docker_compose_config_is_valid() -> None:
+    docker_compose = tool("docker-compose", "apt-get install -y docker-compose (make deploy-tools)")
+    result = subprocess.run(
+        [docker_compose, "-f", str(COMPOSE), "config", "-q"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_docker_compose_config_rejects_a_broken_file(tmp_path: Path) -> None:
+    docker_compose = tool("docker-compose", "apt-get install -y docker-compose (make deploy-tools)")
+    broken = tmp_path / "docker-compose.yml"
+    broken.write_text(COMPOSE.read_text().replace("    depends_on:", "    depends_onn:", 1))
+    result = subprocess.run(
+        [docker_compose, "-f", str(broken), "config", "-q"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode != 0
+
+
+def test_every_service_is_pinned_and_published_on_loopback_only() -> None:
+    services = compose()["services"]
+    assert set(services) == {"fleet", "simulator", "prometheus", "alertmanager", "pager", "grafana"}
+    for name, spec in services.items():
+        image = spec["image"]
+        assert re.fullmatch(r"[\w./-]+:v?\d+\.\d+\.\d+", image), f"{name}: {image} is not pinned"
+        for port in spec.get("ports", []):
+            assert port.startswith("127.0.0.1:"), f"{name} publishes {port} beyond loopback"
+        assert spec["cap_drop"] == ["ALL"], name
+        assert "no-new-privileges:true" in spec["security_opt"], name
+        assert not spec.get("privileged"), name
+
+
+def test_gpufleet_commands_parse_with_the_real_cli() -> None:
+    parser = build_parser()
+    fleet = parser.parse_args(service("fleet")["command"])
+    assert fleet.command == "fleet"
+    simulator = parser.parse_args(service("simulator")["command"])
+    assert (simulator.scenario, simulator.nodes) == ("demo", 64)
+    assert simulator.listen == ("simulator", 9500)
+    assert service("simulator")["hostname"] == "simulator"
+    assert simulator.fleet_url == "http://fleet:9406"
+    assert simulator.fleet_token == service("fleet")["environment"]["GPUFLEET_FLEET_TOKEN"]
+    # The simulator writes its file_sd list into the volume Prometheus reads as agents/.
+    targets_dir = posixpath.dirname(simulator.targets_file)
+    sim_volume = named_volumes("simulator")[targets_dir]
+    assert (
+        named_volumes("prometheus")["/etc/gpufleet/deploy/prometheus/targets/agents"] == sim_volume
+    )
+    pager = service("pager")
+    assert pager["entrypoint"] == ["python", "-m", "gpufleet.pager"]
+    assert pager["network_mode"] == "service:alertmanager"
+    assert pager["command"] == ["--listen", "{}:{}".format(*DeployTree(REPO).pager_address())]
+
+
+def test_prometheus_config_paths_resolve_to_mounted_checkout_files() -> None:
+    mounts = bind_mounts("prometheus")
+    config_path = flag(service("prometheus")["command"], "--config.file")
+    assert resolve_in_container(mounts, config_path) == DEPLOY / "prometheus/prometheus.yml"
+    config = yaml.safe_load((DEPLOY / "prometheus/prometheus.yml").read_text())
+    config_dir = posixpath.dirname(config_path)
+    (rules,) = config["rule_files"]
+    rules_in_container = posixpath.normpath(posixpath.join(config_dir, rules))
+    assert resolve_in_container(mounts, posixpath.dirname(rules_in_container)) == REPO / "alerts"
+    file_sd = [
+        sd["files"][0]
+        for block in [*config["scrape_configs"], *config["alerting"]["alertmanagers"]]
+        for sd in block["file_sd_configs"]
+    ]
+    volumes = named_volumes("prometheus")
+    for pattern in file_sd:
+        directory = posixpath.dirname(posixpath.normpath(posixpath.join(config_dir, pattern)))
+        source = resolve_in_container(mounts, directory)
+        assert source is not None or directory in volumes, f"{directory} is not mounted"
+        if source is not None:
+            assert source.is_dir() and list(source.glob("*.json")), source
+
+
+def test_compose_target_lists_name_the_compose_services() -> None:
+    fleet = json.loads((DEPLOY / "compose/targets/fleet/fleet.json").read_text())
+    assert fleet[0]["targets"] == ["fleet:9406"]
+    assert build_parser().parse_args(service("fleet")["command"]).listen == "0.0.0.0:9406"
+    alertmanager = json.loads(
+        (DEPLOY / "compose/targets/alertmanager/alertmanager.json").read_text()
+    )
+    assert alertmanager[0]["targets"] == ["alertmanager:9093"]
+
+
+def test_alertmanager_config_is_mounted_and_amtool_accepts_it() -> None:
+    config_path = flag(service("alertmanager")["command"], "--config.file")
+    path = resolve_in_container(bind_mounts("alertmanager"), config_path)
+    assert path == DEPLOY / "alertmanager/alertmanager.yml"
+    amtool = tool("amtool", "apt-get install -y prometheus-alertmanager")
+    result = subprocess.run(
+        [amtool, "check-config", str(path)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 receivers" in result.stdout
+
+
+def promtool_check(config: Path) -> subprocess.CompletedProcess[str]:
+    promtool = tool("promtool", "apt-get install -y prometheus")
+    return subprocess.run(
+        [promtool, "check", "config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_promtool_checks_the_config_and_every_rule_file_in_the_compose_layout(
+    tmp_path: Path,
+) -> None:
+    tree = DeployTree(tmp_path).prepare()
+    for job in ("fleet", "alertmanager"):
+        for source in (DEPLOY / "compose/targets" / job).glob("*.json"):
+            (tree.targets_dir(job) / source.name).write_text(source.read_text())
+    tree.write_targets("agents", ["simulator:9500"])
+    result = promtool_check(tree.prometheus_config)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "does not exist" not in output, output
+    for path in (REPO / "alerts").glob("*.rules.yaml"):
+        assert f"Checking {tmp_path}/alerts/{path.name}" in output
+        assert output.count("SUCCESS") >= 2
+
+
+def test_promtool_check_config_fails_on_a_broken_rule_reference(tmp_path: Path) -> None:
+    broken = tmp_path / "deploy/prometheus/prometheus.yml"
+    broken.parent.mkdir(parents=True)
+    broken.write_text(
+        (DEPLOY / "prometheus/prometheus.yml")
+        .read_text()
+        .replace("scrape_interval", "scrape_intervl")
+    )
+    assert promtool_check(broken).returncode != 0
+
+
+def test_grafana_provisioning_points_at_what_compose_mounts() -> None:
+    mounts = bind_mounts("grafana")
+    provisioning = resolve_in_container(mounts, "/etc/grafana/provisioning")
+    assert provisioning == DEPLOY / "grafana/provisioning"
+    (datasource,) = yaml.safe_load((provisioning / "datasources/gpufleet.yaml").read_text())[
+        "datasources"
+    ]
+    assert datasource["uid"] == "gpufleet-prometheus"
+    assert datasource["type"] == "prometheus" and datasource["isDefault"] is True
+    assert datasource["url"] == "http://prometheus:9090"
+    assert "0.0.0.0:9090" in flag(service("prometheus")["command"], "--web.listen-address")
+    (provider,) = yaml.safe_load((provisioning / "dashboards/gpufleet.yaml").read_text())[
+        "providers"
+    ]
+    dashboards_dir = provider["options"]["path"]
+    assert resolve_in_container(mounts, dashboards_dir) == REPO / "dashboards"
+    assert provider["allowUiUpdates"] is False
+
+    ini = configparser.ConfigParser()
+    ini.read(resolve_in_container(mounts, "/etc/grafana/grafana.ini") or "")
+    assert ini["auth.anonymous"]["enabled"] == "true"
+    assert ini["auth.anonymous"]["org_role"] == "Viewer"
+    home = ini["dashboards"]["default_home_dashboard_path"]
+    assert posixpath.dirname(home) == dashboards_dir
+    # The home page is the fleet overview, whichever dashboards exist.
+    overview = [
+        path.name
+        for path in (REPO / "dashboards").glob("*.json")
+        if json.loads(path.read_text()).get("uid") == "gpufleet-overview"
+    ]
+    if list((REPO / "dashboards").glob("*.json")):
+        assert overview == [posixpath.basename(home)]
+
+
+def test_dockerfile_builds_from_files_that_exist_and_runs_as_non_root() -> None:
+    text = (REPO / "Dockerfile").read_text()
+    stages = re.findall(r"^FROM (\S+)(?: AS (\w+))?$", text, flags=re.MULTILINE)
+    assert len(stages) == 2 and stages[0][1] == "build"
+    for source in re.findall(r"^COPY (?!--from)(.+) \S+$", text, flags=re.MULTILINE):
+        for path in source.split():
+            assert (REPO / path).exists(), f"COPY {path}: no such file"
+    final = text.split("\nFROM ", 2)[2]
+    assert "COPY --from=build /opt/gpufleet /opt/gpufleet" in final
+    assert re.search(r"^USER 10001:10001$", final, flags=re.MULTILINE)
+    assert 'ENTRYPOINT ["gpufleet"]' in final
+    assert "NVIDIA_VISIBLE_DEVICES=all" in final
+    assert "NVIDIA_DRIVER_CAPABILITIES=utility" in final
+    assert not re.search(r"apt-get|gcc|build-essential", final), "no compilers in the final stage"
+    assert re.search(r"pip install \.$", text, flags=re.MULTILINE)
+    ignore = [
+        line for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line and not line.startswith("#")
+    ]  # fmt: skip
+    assert ignore[0] == "*" and {"!pyproject.toml", "!README.md", "!exporter/"} <= set(ignore)
+
+
+def test_the_image_install_ships_every_command_and_its_data(tmp_path: Path) -> None:
+    # The Dockerfile runs `pip install .`: build that wheel here, without extras.
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+         "--wheel-dir", str(tmp_path), str(REPO)],
+        check=True, timeout=300, capture_output=True,
+    )  # fmt: skip
+    (wheel,) = tmp_path.glob("gpufleet-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert "gpufleet/pager.py" in names
+    assert "gpufleet/simulate/scenarios/demo.yaml" in names
+    assert "gpufleet/gpu/fixtures/h100-sxm-8gpu.json" in names
+    entry_points = next(name for name in names if name.endswith("entry_points.txt"))
+    assert "gpufleet = gpufleet.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+
+
+def test_image_commands_need_only_the_core_dependencies() -> None:
+    # The image installs no extras: the agent, ledger, simulator and pager must not
+    # import what only the dev, report or adapters extras bring.
+    script = """
+import sys
+BLOCKED = {"pandas", "matplotlib", "torch", "lightning", "pytorch_lightning",
+           "transformers", "accelerate", "hypothesis", "pytest", "httpx", "jsonschema",
+           "kubernetes_validate"}
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ImportError(f"{name} is not in the image")
+sys.meta_path.insert(0, Block())
+import gpufleet.agent.app, gpufleet.fleet.app, gpufleet.simulate.serve, gpufleet.pager
+from gpufleet.cli import main
+main(["simulate", "--list-scenarios"])
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert "demo" in result.stdout
+
+
+@pytest.mark.parametrize("name", ["fleet", "simulator", "pager"])
+def test_gpufleet_services_run_read_only_with_tmpfs(name: str) -> None:
+    spec = service(name)
+    assert spec["read_only"] is True and spec["tmpfs"] == ["/tmp"]
+    assert spec["build"] == "." and spec["image"].startswith("gpufleet:")
