@@ -408,3 +408,22 @@ def test_chart_copies_match_their_sources(tmp_path: Path) -> None:
         for path in (tmp_path / "helm" / "gpufleet" / "files").rglob("*.*")
     }
     assert after == before
+
+
+def value_paths(values: dict[str, Any], prefix: str = "") -> Iterator[str]:
+    # Free-form maps (selectors, resources, labels) are documented as one value.
+    free_form = {"nodeSelector", "affinity", "resources", "commonLabels", "additionalLabels",
+                 "podAnnotations", "podLabels", "namespaceSelector", "podSelector"}  # fmt: skip
+    for key, value in values.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value and key not in free_form:
+            yield from value_paths(value, f"{path}.")
+        else:
+            yield path
+
+
+def test_chart_readme_documents_every_value() -> None:
+    readme = (CHART / "README.md").read_text()
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    missing = [path for path in value_paths(values) if f"`{path}`" not in readme]
+    assert not missing, f"values missing from helm/gpufleet/README.md: {missing}"
