@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +30,7 @@ from gpufleet.devstack import (
     port_is_free,
     wait_until,
 )
-from gpufleet.pager import page_lines
+from gpufleet.pager import PagerHandler, page_lines
 
 pytestmark = pytest.mark.integration
 
@@ -161,3 +165,21 @@ def test_page_lines_name_the_alert_and_where(tmp_path: Path) -> None:
         "PAGE resolved GpuFleetXid79 severity=critical node=node-040 gpu=3 receiver=pages: "
         "A GPU fell off the bus."
     ]
+
+
+def test_pager_answers_bad_input_with_a_400_naming_it() -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", free_port()), PagerHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/"
+        for body, expected in ((b"not json", "expected an Alertmanager webhook JSON object"),
+                               (b"[1]", "the body is not a JSON object")):  # fmt: skip
+            request = urllib.request.Request(url, data=body, method="POST")
+            with pytest.raises(urllib.error.HTTPError) as caught:
+                urllib.request.urlopen(request, timeout=10)
+            assert caught.value.code == 400
+            assert expected in caught.value.read().decode()
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -427,3 +427,26 @@ def test_chart_readme_documents_every_value() -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     missing = [path for path in value_paths(values) if f"`{path}`" not in readme]
     assert not missing, f"values missing from helm/gpufleet/README.md: {missing}"
+
+
+def test_defaults_meet_the_restricted_pod_security_standard() -> None:
+    # The restricted profile's volume types and host access; the container settings are
+    # asserted for every values file above.
+    allowed_volumes = {"emptyDir", "secret", "persistentVolumeClaim", "configMap", "projected"}
+    for workload in objects(render(), "DaemonSet") + objects(render(), "Deployment"):
+        spec = pod_spec(workload)
+        for volume in spec["volumes"]:
+            assert set(volume) - {"name"} <= allowed_volumes, volume
+        for container in spec["containers"]:
+            assert all("hostPort" not in port for port in container["ports"])
+
+
+def test_sync_removes_copies_whose_source_is_gone(tmp_path: Path) -> None:
+    (tmp_path / "alerts").mkdir()
+    (tmp_path / "alerts" / "a.rules.yaml").write_text("groups: []\n")
+    stale = tmp_path / "helm/gpufleet/files/rules/old.rules.yaml"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("groups: []\n")
+    written = sync_chart_files(tmp_path)
+    assert [path.name for path in written] == ["a.rules.yaml"]
+    assert not stale.exists()

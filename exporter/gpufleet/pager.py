@@ -35,7 +35,7 @@ def page_lines(payload: dict[str, Any]) -> list[str]:
     return lines
 
 
-class _PagerHandler(BaseHTTPRequestHandler):
+class PagerHandler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         if not 0 < length <= MAX_BODY_BYTES:
@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     host, _, port = namespace.listen.rpartition(":")
     if not port.isdigit():
         parser.error(f"--listen {namespace.listen!r} is not HOST:PORT (for example 127.0.0.1:9407)")
-    server = ThreadingHTTPServer((host or "127.0.0.1", int(port)), _PagerHandler)
+    server = ThreadingHTTPServer((host or "127.0.0.1", int(port)), PagerHandler)
     print(f"gpufleet pager listening on {namespace.listen}", flush=True)
     try:
         server.serve_forever()
