@@ -24,10 +24,13 @@ ENV PATH=/opt/gpufleet/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=utility
+# /var/lib/gpufleet is the data directory (the ledger's database, the simulator's file_sd
+# list). A named volume mounted there starts with this owner and mode; 0755 lets the
+# compose Prometheus (user nobody) read the simulator's target list from it.
 RUN groupadd --system --gid 10001 gpufleet \
  && useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/gpufleet --no-create-home \
       --shell /usr/sbin/nologin gpufleet \
- && install -d -o 10001 -g 10001 -m 0750 /var/lib/gpufleet
+ && install -d -o 10001 -g 10001 -m 0755 /var/lib/gpufleet
 COPY --from=build /opt/gpufleet /opt/gpufleet
 USER 10001:10001
 WORKDIR /var/lib/gpufleet

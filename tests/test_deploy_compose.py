@@ -259,6 +259,8 @@ def test_dockerfile_builds_from_files_that_exist_and_runs_as_non_root() -> None:
     final = text.split("\nFROM ", 2)[2]
     assert "COPY --from=build /opt/gpufleet /opt/gpufleet" in final
     assert re.search(r"^USER 10001:10001$", final, flags=re.MULTILINE)
+    # Named volumes inherit this mode; Prometheus (another user) reads the simulator's list.
+    assert "install -d -o 10001 -g 10001 -m 0755 /var/lib/gpufleet" in final
     assert 'ENTRYPOINT ["gpufleet"]' in final
     assert "NVIDIA_VISIBLE_DEVICES=all" in final
     assert "NVIDIA_DRIVER_CAPABILITIES=utility" in final
