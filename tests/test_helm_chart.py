@@ -15,7 +15,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from deploy_tools import CHART, REPO, helm
+from deploy_tools import CHART, REPO, helm, unavailable
 from gpufleet.chart import sync_chart_files
 
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
@@ -79,6 +79,8 @@ def env_of(container: dict[str, Any]) -> dict[str, Any]:
 
 
 def operator_schema(kind: str) -> dict[str, Any]:
+    if not OPERATOR_SCHEMAS.is_dir():
+        unavailable(f"{OPERATOR_SCHEMAS}: the Prometheus Operator CRDs (../shared/schemas/)")
     plural = {"ServiceMonitor": "servicemonitors", "PodMonitor": "podmonitors"}.get(
         kind, "prometheusrules"
     )
