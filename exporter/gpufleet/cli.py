@@ -657,6 +657,19 @@ def _run_demo(namespace: argparse.Namespace) -> int:
     return run_demo(Path(namespace.workdir), namespace.scenario, namespace.nodes)
 
 
+def _run_mixin(namespace: argparse.Namespace) -> int:
+    from gpufleet.rules.__main__ import generate
+    from gpufleet.rules.config import ConfigError as RulesConfigError
+
+    try:
+        written = generate(namespace.out, namespace.config)
+    except RulesConfigError as error:
+        raise ConfigError(str(error)) from None
+    for path in written:
+        print(f"wrote {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpufleet",
@@ -697,6 +710,16 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--scenario", default="demo", help="simulator scenario (default: demo)")
     demo.add_argument("--nodes", type=int, default=64, help="simulated nodes (default: 64)")
     demo.set_defaults(run=_run_demo)
+
+    mixin = commands.add_parser(
+        "mixin",
+        help="write the alerting and recording rules with a site's own settings",
+        description="Generate gpufleet's rule files with the knobs of a site YAML (scrape job "
+        "selectors, node label names, thresholds, presence alerts) over the defaults.",
+    )
+    mixin.add_argument("--config", help="site YAML of knobs (default: none, the defaults)")
+    mixin.add_argument("--out", default="gpufleet-rules", help="directory for the rule files")
+    mixin.set_defaults(run=_run_mixin)
     return parser
 
 

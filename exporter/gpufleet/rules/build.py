@@ -6,7 +6,10 @@ info (dashboards only); every alert has a static ``summary``, a templated
 ``description`` naming node, GPU, job and value, and a ``runbook_url`` into
 ``alerts/RUNBOOK.md``. Recording rules are ``level:metric:operation``. GPU series
 may come from gpufleet's agent or from dcgm-exporter, which labels the node
-``Hostname`` (older) or ``hostname`` (newer); both become ``node``.
+``Hostname`` (released) or ``hostname`` (main branch); both become ``node``
+(``RulesConfig.node_labels``). dcgm-exporter series may also carry ``pod`` /
+``namespace`` / ``container`` labels that change with the workload: every GPU rule
+compares a GPU with itself by ``UUID``, never by whole label sets.
 """
 
 from __future__ import annotations
@@ -75,16 +78,19 @@ def metric(name: str, selector: str, extra: str = "") -> str:
     return f"{name}{{{inner}}}"
 
 
-def with_node(expr: str) -> str:
-    """Add ``node`` from dcgm-exporter's or gpufleet's ``Hostname`` / newer ``hostname``."""
-    return (
-        f'label_replace(label_replace({expr}, "node", "$1", "Hostname", "(.+)"), '
-        f'"node", "$1", "hostname", "(.+)")'
-    )
+NODE_LABELS = ("Hostname", "hostname")
 
 
-def per_gpu(expr: str) -> str:
-    return f"max by ({GPU}) (\n  {with_node(expr)}\n)"
+def with_node(expr: str, labels: Sequence[str] = NODE_LABELS) -> str:
+    """Add ``node`` from the label that names it (``Hostname``, ``hostname``; the last
+    listed that is set wins, so list the preferred one last: they hold the same name)."""
+    for label in labels:
+        expr = f'label_replace({expr}, "node", "$1", "{label}", "(.+)")'
+    return expr
+
+
+def per_gpu(expr: str, labels: Sequence[str] = NODE_LABELS) -> str:
+    return f"max by ({GPU}) (\n  {with_node(expr, labels)}\n)"
 
 
 def risen(series: str, window: str) -> str:
@@ -141,6 +147,8 @@ RISEN: tuple[tuple[str, str], ...] = (
     ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "pcie_window"),
     ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "1h"),
     ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "ecc_window"),
+    # In dcgm-exporter's stock counters (DBE ECC is not): rises with every uncorrectable error
+    ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "ecc_window"),
     ("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "30m"),
     ("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "nvlink_window"),
     ("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "nvlink_window"),
@@ -162,8 +170,23 @@ def risen_record(name: str, window: str) -> str:
     return f"gpu:{name}:risen{window}"
 
 
+def dcgm_gpus_records(config: RulesConfig) -> tuple[str, str]:
+    """GPUs answering now on nodes without gpufleet's agent, and the most seen there
+    within ``gpus_expected_memory`` (what the node should have: 4 on a 4-GPU node)."""
+    return (
+        "node:gpufleet_dcgm_gpus:count",
+        f"node:gpufleet_dcgm_gpus:max{config.gpus_expected_memory}",
+    )
+
+
+# dcgm-exporter 4.x names the clock-event bitmask ..._CLOCKS_EVENT_REASONS; older ones,
+# and gpufleet's agent, ..._CLOCK_THROTTLE_REASONS. Neither is in its stock counters.
+THROTTLE_BITMASKS = ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS")
+
+
 def gpu_recording(config: RulesConfig) -> Group:
     sel = config.gpu_selector
+    node_labels = config.node_labels
     window = config.xid_window
     counter = metric("gpufleet_gpu_xid_errors_total", sel)
     last = metric("DCGM_FI_DEV_XID_ERRORS", sel)
@@ -175,39 +198,56 @@ def gpu_recording(config: RulesConfig) -> Group:
         f'label_replace(({changed} == {code.code}) / {code.code}, "xid", "{code.code}", "", "")'
         for code in XID_CATALOGUE
     )
+    # dcgm-exporter's opt-in DCGM_EXP_XID_ERRORS_COUNT{xid}: XIDs per code within its own
+    # window (5 min by default); only XIDs that happened recently, even on a first scrape.
+    xid_counts = metric("DCGM_EXP_XID_ERRORS_COUNT", sel, 'xid!=""')
     throttle = metric("gpufleet_gpu_clock_throttle_active", sel)
     # dcgm-exporter has only the bitmask; GPUs with gpufleet's agent have a flag per reason
     dcgm_reasons = "gpu:DCGM_FI_DEV_CLOCK_THROTTLE_REASONS:dcgm_only"
+    bitmasks = " or ".join(metric(name, sel) for name in THROTTLE_BITMASKS)
     bits = "\n  or ".join(
         f'label_replace(\n    ({throttle.rstrip("}")}, reason="{reason}"}} == 1)\n'
         f"    or (floor({dcgm_reasons} / {value}) % 2 == 1),\n"
         f'    "reason", "{reason}", "", "")'
         for reason, value in THROTTLE_BITS
     )
+    presence = metric(config.gpu_presence_metric, sel)
+    dcgm_count, dcgm_max = dcgm_gpus_records(config)
     rules: list[Record | Alert] = [
-        Record(
-            dcgm_reasons,
-            f"{metric('DCGM_FI_DEV_CLOCK_THROTTLE_REASONS', sel)} > 0 unless on (UUID) {agent_gpus}",
-        ),
+        Record(dcgm_reasons, f"({bitmasks}) > 0 unless on (UUID) {agent_gpus}"),
+        # A new XID is a last value that changed within the window, per GPU (UUID), never
+        # per label set: pod / namespace / container labels change with every workload.
+        # A GPU first scraped (a new node, a rollout, a gap longer than the window) shows
+        # one value only: its last XID is old news.
         Record(
             changed,
-            f"max by ({GPU}) (\n  {with_node(f'({last} > 0 unless on (UUID) {agent_gpus})')}\n"
-            f"  and on (UUID) (({last} != {last} offset {window}) or ({last} unless {last} offset {window}))\n)",
+            f"max by ({GPU}) (\n  {with_node(f'({last} > 0 unless on (UUID) {agent_gpus})', node_labels)}\n)\n"
+            f"  and on (UUID) (\n    max by (UUID) (max_over_time({last}[{window}]))\n"
+            f"    != on (UUID) min by (UUID) (min_over_time({last}[{window}]))\n  )",
         ),
         Record(
             f"gpu:gpufleet_gpu_xid_errors:new{window}",
-            f"max by ({GPU}, xid) (\n  {with_node(new_in(counter, window))}\n)\nor\n"
-            f"max by ({GPU}, xid) (\n  {dcgm_paths}\n)",
+            f"max by ({GPU}, xid) (\n  {with_node(new_in(counter, window), node_labels)}\n)\nor\n"
+            f"max by ({GPU}, xid) (\n  {dcgm_paths}\n)\nor\n"
+            f"max by ({GPU}, xid) (\n  {with_node(f'({xid_counts} > 0 unless on (UUID) {agent_gpus})', node_labels)}\n)",
         ),
         Record(
             "gpu:gpufleet_gpu_hw_slowdown:active",
-            f"max by ({GPU}, reason) (\n  {with_node(f'({bits})')}\n)",
+            f"max by ({GPU}, reason) (\n  {with_node(f'({bits})', node_labels)}\n)",
         ),
+        Record(
+            dcgm_count,
+            f"count by (node) (\n  max by (node, UUID) ({with_node(f'{presence} unless on (UUID) {agent_gpus}', node_labels)})\n)",
+        ),
+        Record(dcgm_max, f"max_over_time({dcgm_count}[{config.gpus_expected_memory}])"),
     ]
     for name, knob in RISEN:
         span = window_of(config, knob)
         rules.append(
-            Record(risen_record(name, span), per_gpu(f"{risen(metric(name, sel), span)} > 0"))
+            Record(
+                risen_record(name, span),
+                per_gpu(f"{risen(metric(name, sel), span)} > 0", node_labels),
+            )
         )
     return Group("gpufleet-gpu-recording", rules, config.gpu_recording_interval)
 
@@ -225,22 +265,24 @@ def gpu_alerts(config: RulesConfig) -> Group:
         name: risen_record(f"DCGM_FI_DEV_NVLINK_{name}_ERROR_COUNT_TOTAL", w)
         for name in ("RECOVERY", "REPLAY", "CRC_FLIT", "CRC_DATA")
     }
+    node_labels = config.node_labels
     lost = f"gpufleet_gpu_up{{{sel}}} == 0"
     collapsed = _agent_node(
         config,
         metric("gpufleet_collector_up", config.agent_selector, 'collector="gpu"') + " == 0",
     )
     seen, expected = metric("gpufleet_gpus_seen", sel), metric("gpufleet_gpus_expected", sel)
-    temps = metric("DCGM_FI_DEV_GPU_TEMP", sel)
-    missing = f"max by (node) (\n  {with_node(f'{seen} < {expected}')}\n)"
-    if config.dcgm_expected_gpus:
-        # dcgm-exporter-only nodes have no expected count of their own
-        missing += (
-            f"\nor (\n  count by (node) ({with_node(f'{temps} unless on (UUID) {agent_gpus}')})"
-            f" < {config.dcgm_expected_gpus}\n"
-            f"  unless on (node) max by (node) ({with_node(expected)})\n)"
-        )
+    dcgm_count, dcgm_max = dcgm_gpus_records(config)
+    missing = (
+        f"max by (node) (\n  {with_node(f'{seen} < {expected}', node_labels)}\n)\n"
+        # Nodes without gpufleet's agent expect what they showed within the memory: per
+        # node, so a healthy 4-GPU node expects 4 (a GB200 tray, a PCIe server).
+        f"or ({dcgm_count} < {dcgm_max})"
+    )
     dbe = risen_record("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", config.ecc_window)
+    uncorrectable_remaps = risen_record(
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", config.ecc_window
+    )
     remaps = risen_record("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", config.remaps_climbing_window)
     pcie = risen_record("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", config.pcie_window)
     rules: list[Record | Alert] = [
@@ -262,22 +304,23 @@ def gpu_alerts(config: RulesConfig) -> Group:
         ),
         Alert(
             "GpuFleetEccUncorrectable",
-            dbe,
+            # DBE counts are opt-in on dcgm-exporter; remapped rows are in its defaults.
+            f"{dbe}\nor ({uncorrectable_remaps} unless on ({GPU}) {dbe})",
             "critical",
             "A GPU had an uncorrectable (double-bit) ECC error.",
-            f"{GPU_WHO} counted {{{{ $value }}}} uncorrectable ECC error(s) in {config.ecc_window}. "
-            "Drain the node and reset the GPU; RMA if it repeats.",
+            f"{GPU_WHO} counted {{{{ $value }}}} uncorrectable ECC error(s) (or rows remapped for "
+            f"them) in {config.ecc_window}. Drain the node and reset the GPU; RMA if it repeats.",
         ),
         Alert(
             "GpuFleetRowRemapFailure",
-            per_gpu(f"{metric('DCGM_FI_DEV_ROW_REMAP_FAILURE', sel)} == 1"),
+            per_gpu(f"{metric('DCGM_FI_DEV_ROW_REMAP_FAILURE', sel)} == 1", node_labels),
             "critical",
             "A GPU failed to remap a memory row: it has no spare rows left.",
             f"{GPU_WHO} reports a row remapping failure. Drain the node and RMA the GPU.",
         ),
         Alert(
             "GpuFleetRowRemapPending",
-            per_gpu(f"{metric('DCGM_FI_DEV_ROW_REMAP_PENDING', sel)} == 1"),
+            per_gpu(f"{metric('DCGM_FI_DEV_ROW_REMAP_PENDING', sel)} == 1", node_labels),
             "warning",
             "A GPU has a row remap pending: it needs a reset to take effect.",
             f"{GPU_WHO} has a row remap pending since at least {config.remap_pending_for}. "
@@ -325,7 +368,7 @@ def gpu_alerts(config: RulesConfig) -> Group:
         ),
         Alert(
             "GpuFleetGpuLost",
-            f"{per_gpu(lost)}\nunless on (node) {collapsed}",
+            f"{per_gpu(lost, node_labels)}\nunless on (node) {collapsed}",
             "critical",
             "NVML reports a GPU lost: it no longer answers.",
             f"{GPU_WHO} is lost (fallen off the bus or unreachable) while the node's other GPUs "
@@ -334,15 +377,49 @@ def gpu_alerts(config: RulesConfig) -> Group:
         ),
         Alert(
             "GpuFleetGpuMissing",
-            f"(\n{missing}\n)\nunless on (node) max by (node) ({with_node(lost)})\nunless on (node) {collapsed}",
+            f"(\n{missing}\n)\nunless on (node) max by (node) ({with_node(lost, node_labels)})\n"
+            f"unless on (node) {collapsed}",
             "critical",
             "A node sees fewer GPUs than it should.",
-            "{{ $labels.node }} sees {{ $value }} GPUs, fewer than expected: one was not "
-            "enumerated at boot or fell off the bus before the agent started. Drain and reboot.",
+            "{{ $labels.node }} sees {{ $value }} GPUs, fewer than expected (its configured "
+            f"count, or the most it showed within {config.gpus_expected_memory}): one fell off "
+            "the bus or was not enumerated at boot. Drain and reboot.",
             config.gpu_missing_for,
         ),
     ]
     return Group("gpufleet-gpu-alerts", rules)
+
+
+def targets_record(component: str) -> str:
+    return f"fleet:gpufleet_{component}_targets:count"
+
+
+def presence_records(config: RulesConfig) -> list[Record | Alert]:
+    """Targets per component now, what the "seen" presence alerts remember."""
+    selectors = {"gpu": config.gpu_selector, "agent": config.agent_selector}
+    return [
+        Record(targets_record(component), f"count({metric('up', selector)})")
+        for component, selector in selectors.items()
+        if getattr(config, f"{component}_presence") == "seen"
+    ]
+
+
+def targets_missing(config: RulesConfig, component: str, selector: str) -> str | None:
+    """No target left: "required" since ever, "seen" of those scraped within the memory."""
+    mode = getattr(config, f"{component}_presence")
+    if mode == "off":
+        return None
+    if mode == "required":
+        return f"absent({metric('up', selector)})"
+    name = targets_record(component)
+    return f"max_over_time({name}[{config.presence_memory}])\nunless on () {name}"
+
+
+def presence_note(config: RulesConfig, component: str) -> str:
+    mode = getattr(config, f"{component}_presence")
+    if mode == "required":
+        return "The site requires them (presence: required)."
+    return f"Prometheus scraped some within {config.presence_memory} (presence: seen)."
 
 
 def node_alerts(config: RulesConfig) -> Group:
@@ -350,30 +427,39 @@ def node_alerts(config: RulesConfig) -> Group:
     node_up = f'label_replace({agent_up}, "node", "$1", "instance", "([^:]+).*")'
     excluded = metric("gpufleet_fleet_node_excluded", config.fleet_selector)
     quiet = config.excluded_quiet_after
+    quietly_excluded = (
+        f"unless on (node) (max by (node) ({excluded} == 1) and on (node) max by (node) "
+        f"({excluded} offset {quiet} == 1))"
+    )
     collapsed = _agent_node(
         config, metric("gpufleet_collector_up", config.agent_selector, 'collector="gpu"') + " == 0"
     )
+    dcgm_count, dcgm_max = dcgm_gpus_records(config)
     rules: list[Record | Alert] = [
         Alert(
             "GpuFleetAgentDown",
-            f"max by (node, instance) ({node_up} == 0)\n"
-            f"unless on (node) (max by (node) ({excluded} == 1) and on (node) max by (node) "
-            f"({excluded} offset {quiet} == 1))",
+            f"max by (node, instance) ({node_up} == 0)\n{quietly_excluded}",
             "critical",
             "A node's gpufleet agent does not answer: the node may be down.",
             "The agent on {{ $labels.node }} ({{ $labels.instance }}) has not answered for "
             f"{config.agent_down_for}: the host may have died. Check the node; exclude it from jobs.",
             config.agent_down_for,
         ),
+        # Nodes without gpufleet's agent: dcgm-exporter's target on a dead node answers
+        # nothing (up 0) or leaves service discovery with its pod. Either way the node's
+        # GPUs stop answering; a node that showed GPUs within the memory and shows none
+        # now is down. A node gpufleet's agent watches is GpuFleetAgentDown's.
         Alert(
-            "GpuFleetAgentTargetsMissing",
-            f"absent({agent_up})",
+            "GpuFleetGpuExporterDown",
+            f"{dcgm_max}\nunless on (node) {dcgm_count}\n"
+            f"unless on (node) max by (node) ({node_up})\n{quietly_excluded}",
             "critical",
-            "Prometheus scrapes no gpufleet agent at all.",
-            "No target of job {{ $labels.job }} has been scraped for "
-            f"{config.targets_missing_for}: the agents are not deployed or service discovery "
-            "broke. No GPU or training alert can fire.",
-            config.targets_missing_for,
+            "A node's GPU exporter (dcgm-exporter) no longer answers: the node may be down.",
+            "{{ $labels.node }} showed {{ $value }} GPUs within "
+            f"{config.gpus_expected_memory} and none for {config.exporter_down_for}: its "
+            "dcgm-exporter is down or gone with its pod, or the host died. Check the node; "
+            "exclude it from jobs.",
+            config.exporter_down_for,
         ),
         Alert(
             "GpuFleetTelemetryCollapse",
@@ -384,6 +470,7 @@ def node_alerts(config: RulesConfig) -> Group:
             "values are no longer served: the driver is wedged. Drain the node and reboot it.",
             config.telemetry_collapse_for,
         ),
+        *_targets_missing_alerts(config),
         Alert(
             "GpuFleetNodeHealthDegraded",
             f"node:gpufleet_health:score >= {config.health_threshold}",
@@ -395,6 +482,43 @@ def node_alerts(config: RulesConfig) -> Group:
         ),
     ]
     return Group("gpufleet-node-alerts", rules)
+
+
+def _targets_missing_alerts(config: RulesConfig) -> list[Record | Alert]:
+    alerts: list[Record | Alert] = []
+    gpu = targets_missing(config, "gpu", config.gpu_selector)
+    if gpu is not None:
+        alerts.append(
+            Alert(
+                "GpuFleetGpuTargetsMissing",
+                gpu,
+                "critical",
+                "Prometheus scrapes no GPU exporter at all (gpufleet agent or dcgm-exporter).",
+                f"No target of {config.gpu_selector} has been scraped for "
+                f"{config.targets_missing_for}. {presence_note(config, 'gpu')} No GPU alert "
+                "can fire: the exporters are gone or service discovery broke "
+                "({{ $value }} target(s) before).",
+                config.targets_missing_for,
+            )
+        )
+    agent = targets_missing(config, "agent", config.agent_selector)
+    if agent is not None:
+        if gpu is not None:  # every GPU exporter gone: that page says it all
+            agent += f"\nunless on () ({gpu})"
+        alerts.append(
+            Alert(
+                "GpuFleetAgentTargetsMissing",
+                agent,
+                "critical",
+                "Prometheus scrapes no gpufleet agent at all.",
+                f"No target of {config.agent_selector} has been scraped for "
+                f"{config.targets_missing_for}. {presence_note(config, 'agent')} No training "
+                "alert can fire, nor GPU alerts from the agent (dcgm-exporter's still can): "
+                "the agents are gone or service discovery broke ({{ $value }} target(s) before).",
+                config.targets_missing_for,
+            )
+        )
+    return alerts
 
 
 def health_recording(config: RulesConfig) -> Group:
@@ -416,7 +540,7 @@ def health_recording(config: RulesConfig) -> Group:
     rules.append(
         Record(
             "node:gpufleet_health_signal:sw_throttle",
-            f"max by (node) ({with_node(f'avg_over_time({throttle}[15m]) >= 0.5')}) * 0 + {weight}",
+            f"max by (node) ({with_node(f'avg_over_time({throttle}[15m]) >= 0.5', config.node_labels)}) * 0 + {weight}",
         )
     )
     rules.append(
@@ -439,6 +563,7 @@ def health_recording(config: RulesConfig) -> Group:
         if isinstance(rule, Record)
     )
     rules.append(Record("node:gpufleet_health:score", f"sum by (node) (\n  {tagged}\n)"))
+    rules.extend(presence_records(config))
     return Group("gpufleet-node-health", rules)
 
 
@@ -820,6 +945,9 @@ def reliability_groups(config: RulesConfig) -> list[Group]:
         ),
     ]
     fleet_up = metric("up", sel)
+    if config.ledger_presence == "seen":
+        records.append(Record(targets_record("ledger"), f"count({fleet_up})"))
+    ledger_missing = targets_missing(config, "ledger", sel)
     alerts: list[Record | Alert] = [
         Alert(
             "GpuFleetRepeatOffenderNode",
@@ -857,17 +985,20 @@ def reliability_groups(config: RulesConfig) -> list[Group]:
             f"{config.ledger_down_for}: exclusions and job attempts are not being recorded.",
             config.ledger_down_for,
         ),
-        Alert(
-            "GpuFleetLedgerTargetMissing",
-            f"absent({fleet_up})",
-            "warning",
-            "Prometheus scrapes no fleet ledger.",
-            "No target of job {{ $labels.job }} has been scraped for "
-            f"{config.targets_missing_for}: reliability alerts (repeat offenders, failing retries) "
-            "cannot fire.",
-            config.targets_missing_for,
-        ),
     ]
+    if ledger_missing is not None:
+        alerts.append(
+            Alert(
+                "GpuFleetLedgerTargetMissing",
+                ledger_missing,
+                "warning",
+                "Prometheus scrapes no fleet ledger.",
+                f"No target of {sel} has been scraped for {config.targets_missing_for}. "
+                f"{presence_note(config, 'ledger')} Reliability alerts (repeat offenders, "
+                "failing retries) cannot fire ({{ $value }} target(s) before).",
+                config.targets_missing_for,
+            )
+        )
     return [
         Group("gpufleet-reliability-recording", records),
         Group("gpufleet-reliability-alerts", alerts),

@@ -1,10 +1,18 @@
 """Every knob of gpufleet's rules in one place: selectors, thresholds, windows, ``for``
 durations, severities. Each expression is built from these, so a threshold is tuned
-in one line (then ``make generate``)."""
+in one line (then ``make generate``), or per site without touching the code: a YAML
+file of knobs (``load_site_config``) read by ``python -m gpufleet.rules --config``
+and ``gpufleet mixin --config``."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import difflib
+import re
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,11 +67,28 @@ XID_CATALOGUE: tuple[XidCode, ...] = (
 @dataclass(frozen=True, slots=True)
 class RulesConfig:
     # -- selectors: which scrape jobs hold what --------------------------------------
-    gpu_selector: str = 'job=~"gpufleet-agent|dcgm-exporter.*"'
+    # GPU series: gpufleet's agent, dcgm-exporter from its chart (the job is the service,
+    # `<release>-dcgm-exporter`) and from the GPU Operator (`nvidia-dcgm-exporter`).
+    gpu_selector: str = 'job=~"gpufleet-agent|.*dcgm-exporter.*"'
     agent_selector: str = 'job="gpufleet-agent"'
     fleet_selector: str = 'job="gpufleet-fleet"'
-    # dcgm-exporter-only nodes have no gpufleet_gpus_expected: assume this many GPUs (0: off)
-    dcgm_expected_gpus: int = 8
+    # Labels that name the node on GPU series, first match wins: released dcgm-exporter
+    # and gpufleet's agent say `Hostname`, dcgm-exporter's main branch `hostname`. Empty:
+    # the series already carry `node` (relabelled at scrape time).
+    node_labels: tuple[str, ...] = ("Hostname", "hostname")
+    # A GPU "answers" while this per-GPU series is scraped (every counters file has it).
+    gpu_presence_metric: str = "DCGM_FI_DEV_GPU_TEMP"
+    # GPUs a node should have, on nodes without gpufleet's agent: the most it showed
+    # within this window (a 4-GPU node expects 4). A node that stops showing any GPU
+    # within it is down. Longer remembers longer, and costs more.
+    gpus_expected_memory: str = "1d"
+    # Presence alerts per component: "seen" fires when targets that Prometheus scraped
+    # within presence_memory are all gone; "required" also when there never were any;
+    # "off" drops the alert (a cluster that does not run the component).
+    gpu_presence: str = "seen"
+    agent_presence: str = "seen"
+    ledger_presence: str = "seen"
+    presence_memory: str = "1d"
 
     # -- alert routing -------------------------------------------------------------------------
     runbook_url: str = "https://github.com/gpufleet/gpufleet/blob/main/alerts/RUNBOOK.md#{anchor}"
@@ -86,6 +111,7 @@ class RulesConfig:
     hw_slowdown_for: str = "2m"
     gpu_lost_for: str = "1m"
     gpu_missing_for: str = "2m"
+    exporter_down_for: str = "2m"
 
     # -- node health ---------------------------------------------------------------------------
     agent_down_for: str = "2m"
@@ -148,3 +174,89 @@ class RulesConfig:
 
     def severity(self, alert: str, default: str) -> str:
         return self.severities.get(alert, default)
+
+
+PRESENCE_MODES = ("seen", "required", "off")
+_DURATION = re.compile(r"(\d+(ms|s|m|h|d|w|y))+")
+
+
+class ConfigError(ValueError):
+    """A site configuration that cannot be used; the message names the knob."""
+
+
+def _check_value(name: str, value: Any, default: Any, source: str) -> Any:
+    where = f"{source}: {name}"
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where} must be true or false, got {value!r}")
+        return value
+    if isinstance(default, int | float) and not isinstance(default, bool):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{where} must be a number, got {value!r}")
+        if isinstance(default, int) and not isinstance(value, int):
+            raise ConfigError(f"{where} must be a whole number, got {value!r}")
+        return value
+    if isinstance(default, tuple):
+        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+            raise ConfigError(f"{where} must be a list of label names, got {value!r}")
+        for item in value:
+            if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", item):
+                raise ConfigError(f"{where}: {item!r} is not a label name")
+        return tuple(value)
+    if isinstance(default, dict):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must be a mapping (alert: severity), got {value!r}")
+        for alert, severity in value.items():
+            if severity not in ("critical", "warning", "info"):
+                raise ConfigError(
+                    f"{where}.{alert} must be critical, warning or info, got {severity!r}"
+                )
+        return dict(value)
+    if not isinstance(value, str):
+        raise ConfigError(f"{where} must be a string, got {value!r}")
+    if name.endswith(("_window", "_for", "_memory", "_offset", "_after", "_interval")):
+        if not _DURATION.fullmatch(value):
+            raise ConfigError(f"{where} must be a Prometheus duration such as 5m or 1h, got {value!r}")
+    if name.endswith("_presence") and value not in PRESENCE_MODES:
+        raise ConfigError(f"{where} must be one of {', '.join(PRESENCE_MODES)}, got {value!r}")
+    if name.endswith("_selector") and value and not re.fullmatch(
+        r'\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=|!=|=~|!~)\s*"(?:[^"\\]|\\.)*"\s*'
+        r'(,\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=|!=|=~|!~)\s*"(?:[^"\\]|\\.)*"\s*)*',
+        value,
+    ):
+        raise ConfigError(
+            f'{where} must be label matchers without braces, such as job="dcgm-exporter", '
+            f"got {value!r}"
+        )
+    return value
+
+
+def config_from_mapping(knobs: dict[str, Any], source: str = "site config") -> RulesConfig:
+    """A RulesConfig with ``knobs`` overriding the defaults; unknown or ill-typed knobs raise
+    ConfigError naming the knob (and the closest known name for a typo)."""
+    defaults = RulesConfig()
+    known = {item.name: getattr(defaults, item.name) for item in fields(RulesConfig)}
+    changes: dict[str, Any] = {}
+    for name, value in knobs.items():
+        if name not in known:
+            close = difflib.get_close_matches(str(name), known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"{source}: unknown knob {name!r}{hint}")
+        changes[name] = _check_value(name, value, known[name], source)
+    return replace(defaults, **changes)
+
+
+def load_site_config(path: str | Path) -> RulesConfig:
+    """Read a site YAML file of knobs (see ``RulesConfig``) over the defaults."""
+    path = Path(path)
+    try:
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read: {error.strerror}") from error
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML: {error}") from error
+    if document is None:
+        return RulesConfig()
+    if not isinstance(document, dict):
+        raise ConfigError(f"{path}: expected a mapping of knob: value, got {type(document).__name__}")
+    return config_from_mapping(document, str(path))
