@@ -143,7 +143,8 @@ def shard_placement_problems(rule_list: list[dict[str, Any]]) -> list[str]:
             problems.append(f"{name}: absent() looks across every node")
         for operator, clause, labels in AGGREGATION.findall(expr):
             kept = {label.strip() for label in labels.split(",")}
-            if clause != "by" or not kept & {"node", "instance"}:
+            # a GPU's UUID is unique and belongs to one node
+            if clause != "by" or not kept & {"node", "instance", "UUID"}:
                 problems.append(f"{name}: {operator} {clause} ({labels}) may combine nodes")
     return problems
 

@@ -55,7 +55,7 @@ def test_static_labels_and_matchers_select_and_filter() -> None:
 def test_every_inlined_alert_parses_and_reads_no_recorded_series(tmp_path: Path) -> None:
     paths = sorted(ALERTS_DIR.glob("*.rules.yaml"))
     alerts = inlined_alerts(paths)
-    assert len(alerts) == 30
+    assert len(alerts) == 32
     recorded = {
         rule["record"]
         for path in paths
@@ -81,6 +81,16 @@ def test_every_inlined_alert_parses_and_reads_no_recorded_series(tmp_path: Path)
     assert result.returncode == 0, result.stdout + result.stderr
     straggler = next(a for a in alerts if a.name == "GpuFleetStragglerNode")
     assert straggler.for_seconds == 300 and straggler.labels == {"severity": "warning"}
+
+
+def test_a_range_over_a_recorded_series_becomes_a_subquery() -> None:
+    inliner = Inliner([RecordRule("node:gpus:count", "count by (node) (up)", {})])
+    assert inliner.inline("max_over_time(node:gpus:count[1d])") == (
+        "max_over_time((count by (node) (up))[1d:1800s])"
+    )
+    assert inliner.inline("max_over_time(node:gpus:count[10m:1m])") == (
+        "max_over_time((count by (node) (up))[10m:1m])"
+    )
 
 
 def test_durations() -> None:

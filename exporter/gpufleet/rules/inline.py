@@ -109,6 +109,13 @@ class Inliner:
                     if before.endswith(("group_left", "group_right")):
                         out.append("() ")  # else "(" would read as group_left's label list
                     out.append(self._expand(name, matchers))
+                    if end < length and expr[end] == "[":
+                        # a range over a recorded series becomes a subquery over its definition
+                        close = expr.index("]", end)
+                        span = expr[end + 1 : close]
+                        if ":" not in span:
+                            out.append(f"[{span}:{subquery_step(span)}]")
+                            end = close + 1
                 else:
                     out.append(name)
                 position = end
@@ -142,6 +149,18 @@ class Inliner:
         expanded = branches[0] if len(branches) == 1 else "(" + " or ".join(branches) + ")"
         self._done[key] = expanded
         return expanded
+
+
+# Points a subquery that stands in for a range over a recorded series looks at: the
+# recording rules behind such ranges (most GPUs seen within a day, targets seen within
+# a day) are evaluated once a minute in Prometheus; over a backfilled history a coarser
+# look is enough for them and keeps a range query over days affordable.
+SUBQUERY_POINTS = 48
+
+
+def subquery_step(span: str) -> str:
+    """The resolution of the subquery standing in for ``record[span]``: at least 1m."""
+    return f"{max(60, int(duration_seconds(span) // SUBQUERY_POINTS))}s"
 
 
 def _escape(value: str) -> str:
