@@ -259,7 +259,6 @@ def gpu_alerts(config: RulesConfig) -> Group:
     brake = f'{slowdown}{{reason="hw_power_brake_slowdown"}}'
     thermal = f'{slowdown}{{reason="hw_thermal_slowdown"}}'
     generic = f'{slowdown}{{reason="hw_slowdown"}}'
-    agent_gpus = metric("gpufleet_gpu_up", sel)
     w = config.nvlink_window
     nvlink = {
         name: risen_record(f"DCGM_FI_DEV_NVLINK_{name}_ERROR_COUNT_TOTAL", w)

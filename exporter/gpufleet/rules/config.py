@@ -214,15 +214,19 @@ def _check_value(name: str, value: Any, default: Any, source: str) -> Any:
         return dict(value)
     if not isinstance(value, str):
         raise ConfigError(f"{where} must be a string, got {value!r}")
-    if name.endswith(("_window", "_for", "_memory", "_offset", "_after", "_interval")):
-        if not _DURATION.fullmatch(value):
-            raise ConfigError(f"{where} must be a Prometheus duration such as 5m or 1h, got {value!r}")
+    durations = ("_window", "_for", "_memory", "_offset", "_after", "_interval")
+    if name.endswith(durations) and not _DURATION.fullmatch(value):
+        raise ConfigError(f"{where} must be a Prometheus duration such as 5m or 1h, got {value!r}")
     if name.endswith("_presence") and value not in PRESENCE_MODES:
         raise ConfigError(f"{where} must be one of {', '.join(PRESENCE_MODES)}, got {value!r}")
-    if name.endswith("_selector") and value and not re.fullmatch(
-        r'\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=|!=|=~|!~)\s*"(?:[^"\\]|\\.)*"\s*'
-        r'(,\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=|!=|=~|!~)\s*"(?:[^"\\]|\\.)*"\s*)*',
-        value,
+    if (
+        name.endswith("_selector")
+        and value
+        and not re.fullmatch(
+            r'\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=|!=|=~|!~)\s*"(?:[^"\\]|\\.)*"\s*'
+            r'(,\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=|!=|=~|!~)\s*"(?:[^"\\]|\\.)*"\s*)*',
+            value,
+        )
     ):
         raise ConfigError(
             f'{where} must be label matchers without braces, such as job="dcgm-exporter", '
@@ -258,5 +262,7 @@ def load_site_config(path: str | Path) -> RulesConfig:
     if document is None:
         return RulesConfig()
     if not isinstance(document, dict):
-        raise ConfigError(f"{path}: expected a mapping of knob: value, got {type(document).__name__}")
+        raise ConfigError(
+            f"{path}: expected a mapping of knob: value, got {type(document).__name__}"
+        )
     return config_from_mapping(document, str(path))
