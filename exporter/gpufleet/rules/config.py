@@ -212,6 +212,8 @@ def _check_value(name: str, value: Any, default: Any, source: str) -> Any:
                     f"{where}.{alert} must be critical, warning or info, got {severity!r}"
                 )
         return dict(value)
+    if name.endswith("_presence") and value is False:
+        return "off"  # YAML reads an unquoted off as false
     if not isinstance(value, str):
         raise ConfigError(f"{where} must be a string, got {value!r}")
     durations = ("_window", "_for", "_memory", "_offset", "_after", "_interval")
