@@ -18,7 +18,12 @@ from gpufleet.gpu.render import gpu_families
 from gpufleet.gpu.snapshot import GpuSnapshot
 from gpufleet.gpu.xid import XidLedger
 
-UNSUPPORTED_ON_H100 = {cat.RETIRED_SBE.name, cat.RETIRED_DBE.name, cat.RETIRED_PENDING.name}
+UNSUPPORTED_ON_H100 = {
+    cat.RETIRED_SBE.name,
+    cat.RETIRED_DBE.name,
+    cat.RETIRED_PENDING.name,
+    cat.VGPU_LICENSE_STATUS.name,  # bare metal: no vGPU licensing
+}
 
 
 def snapshot_of(nvml: FakeNvml) -> GpuSnapshot:
@@ -61,7 +66,7 @@ def test_every_dcgm_family_has_its_name_type_and_label_set(fake_nvml: FakeNvml) 
         assert types[metric.name] == metric.kind, metric.name
         assert len(samples[metric.name]) == 8, metric.name
         for sample in samples[metric.name]:
-            assert tuple(sample.labels) == cat.GPU_LABELS
+            assert tuple(sample.labels) == (*cat.GPU_LABELS, cat.DRIVER_LABEL)
             assert sample.labels["Hostname"] == "node-a"
     # dcgm-exporter exposes counters under their bare names, not with _total
     assert types["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"] == "counter"

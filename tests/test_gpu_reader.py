@@ -11,7 +11,12 @@ from gpufleet.gpu.fake import FakeNvml
 from gpufleet.gpu.reader import NvmlReader, NvmlUnavailable
 from gpufleet.gpu.snapshot import GpuSnapshot
 
-UNSUPPORTED_ON_H100 = {cat.RETIRED_SBE.name, cat.RETIRED_DBE.name, cat.RETIRED_PENDING.name}
+UNSUPPORTED_ON_H100 = {
+    cat.RETIRED_SBE.name,
+    cat.RETIRED_DBE.name,
+    cat.RETIRED_PENDING.name,
+    cat.VGPU_LICENSE_STATUS.name,  # bare metal: no vGPU licensing
+}
 
 
 def open_reader(nvml: FakeNvml, **kwargs: Any) -> NvmlReader:
@@ -72,12 +77,16 @@ def test_units_are_converted_as_dcgm_reports_them(
     assert values[cat.SM_CLOCK.name] == 1980
 
 
-def test_gpm_values_need_two_samples(fake_nvml: FakeNvml) -> None:
+def test_gpm_values_are_in_the_first_snapshot_from_a_sample_taken_at_open(
+    fake_nvml: FakeNvml,
+) -> None:
     reader = open_reader(fake_nvml)
+    assert fake_nvml.calls["nvmlGpmSampleGet"] == 8  # primed at open, one per GPU
     first = reader.read()
-    assert cat.SM_ACTIVE.name not in first.gpus[0].values
+    assert first.gpus[0].values[cat.SM_ACTIVE.name] == 0.8937
+    assert first.gpus[0].values[cat.GR_ENGINE_ACTIVE.name] == 0.9777
+    assert fake_nvml.calls["nvmlGpmSampleFree"] == 8  # the priming samples, once used
     assert cat.SM_ACTIVE.name in reader.read().gpus[0].values
-    assert fake_nvml.calls["nvmlGpmSampleFree"] == 8  # the first cycle's samples, once used
 
 
 def test_unsupported_fields_are_omitted_and_not_asked_again(fake_nvml: FakeNvml) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import socket
 import sys
 from collections.abc import Callable, Sequence
@@ -84,6 +85,12 @@ def _window(text: str) -> float:
     if not 3600 <= value <= 365 * 86400:
         raise ValueError(f"{text!r} must be between 1 hour and 365 days")
     return value
+
+
+def _label_name(text: str) -> str:
+    if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", text):
+        raise ValueError(f"{text!r} is not a Prometheus label name")
+    return text
 
 
 def _choice(*choices: str) -> Callable[[str], str]:
@@ -167,6 +174,14 @@ AGENT_OPTIONS = (
         str,
         None,
         "node name on every series (default: $NODE_NAME, else the hostname)",
+    ),
+    _Option(
+        "--node-label",
+        "GPUFLEET_NODE_LABEL",
+        _label_name,
+        "Hostname",
+        "label naming the node on GPU series: Hostname as every released dcgm-exporter, "
+        "or hostname as its main branch",
     ),
     _Option(
         "--expected-gpus",
@@ -333,6 +348,7 @@ def _run_agent(namespace: argparse.Namespace) -> int:
         stale_after=values["gpu_stale_after"],
         nvml_call_timeout=values["nvml_call_timeout"],
         ingest_token=values["ingest_token"],
+        node_label=values["node_label"],
         limits=IngestLimits(
             job_ttl_s=values["job_ttl"],
             max_jobs=values["max_jobs"],

@@ -41,6 +41,7 @@ class AgentSettings:
     nvml_call_timeout: float | None = None
     ingest_token: str | None = None
     limits: IngestLimits = field(default_factory=IngestLimits)
+    node_label: str = "Hostname"  # dcgm-exporter's: Hostname (releases) or hostname (main)
 
 
 class Agent:
@@ -91,7 +92,7 @@ class Agent:
             )
             self.xids = XidLedger()
             self._watcher = XidWatcher(nvml, reader.handles, self.xids, self.errors)
-            self._cache = GpuExpositionCache(self.sampler, self.xids)
+            self._cache = GpuExpositionCache(self.sampler, self.xids, settings.node_label)
         self.registry.register(self.training)
         self.registry.register(
             AgentSelfCollector(

@@ -11,8 +11,12 @@ from dataclasses import dataclass
 
 from gpufleet.exposition import MetricKind
 
-# dcgm-exporter's identifying label set, in its order.
+# dcgm-exporter's identifying label set, in its order. Every released dcgm-exporter
+# names the node `Hostname`; its main branch `hostname`: the agent's --node-label.
 GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")
+NODE_LABEL = "Hostname"
+# dcgm-exporter's stock counters turn the driver version into a label on every series.
+DRIVER_LABEL = "DCGM_FI_DRIVER_VERSION"
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +44,11 @@ TOTAL_ENERGY = _c(
 )
 GPU_UTIL = _g("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).")
 MEM_COPY_UTIL = _g("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).")
+ENC_UTIL = _g("DCGM_FI_DEV_ENC_UTIL", "Encoder utilization (in %).")
+DEC_UTIL = _g("DCGM_FI_DEV_DEC_UTIL", "Decoder utilization (in %).")
+VGPU_LICENSE_STATUS = _g(
+    "DCGM_FI_DEV_VGPU_LICENSE_STATUS", "vGPU License status (1 licensed, 0 not; vGPU guests only)."
+)
 FB_FREE = _g("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).")
 FB_USED = _g("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).")
 FB_RESERVED = _g("DCGM_FI_DEV_FB_RESERVED", "Framebuffer memory reserved (in MiB).")
@@ -107,6 +116,9 @@ POWER_VIOLATION = _c(
 THERMAL_VIOLATION = _c(
     "DCGM_FI_DEV_THERMAL_VIOLATION", "Throttling duration due to thermal constraints (in us)."
 )
+GR_ENGINE_ACTIVE = _g(
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "Ratio of time the graphics engine is active (NVML GPM)."
+)
 SM_ACTIVE = _g(
     "DCGM_FI_PROF_SM_ACTIVE", "The ratio of cycles an SM has at least 1 warp assigned (NVML GPM)."
 )
@@ -136,6 +148,9 @@ VALUE_METRICS: tuple[GpuMetric, ...] = (
     TOTAL_ENERGY,
     GPU_UTIL,
     MEM_COPY_UTIL,
+    ENC_UTIL,
+    DEC_UTIL,
+    VGPU_LICENSE_STATUS,
     FB_FREE,
     FB_USED,
     FB_RESERVED,
@@ -161,6 +176,7 @@ VALUE_METRICS: tuple[GpuMetric, ...] = (
     CLOCK_THROTTLE_REASONS,
     POWER_VIOLATION,
     THERMAL_VIOLATION,
+    GR_ENGINE_ACTIVE,
     SM_ACTIVE,
     SM_OCCUPANCY,
     PIPE_TENSOR_ACTIVE,
@@ -182,3 +198,29 @@ THROTTLE_REASON_BITS: tuple[tuple[str, int], ...] = (
 )
 
 XID_LAST = _g("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.")
+
+# dcgm-exporter's err_msg label on DCGM_FI_DEV_XID_ERRORS (NVIDIA's XID catalogue text),
+# for the codes gpufleet's rules know; any other code reads "Unknown Error" here.
+XID_MESSAGES = {
+    0: "No Error",
+    13: "Graphics Engine Exception",
+    31: "GPU memory page fault",
+    43: "GPU stopped processing",
+    45: "Preemptive cleanup, due to previous errors -- Most likely to see when running "
+    "multiple cuda",
+    48: "Double Bit ECC Error",
+    61: "Internal micro-controller breakpoint/warning",
+    62: "Internal micro-controller halt",
+    63: "ECC page retirement or row remapping recording event",
+    64: "ECC page retirement or row remapper recording failure",
+    74: "NVLINK Error",
+    79: "GPU has fallen off the bus",
+    92: "High single-bit ECC error rate",
+    94: "Contained ECC error",
+    95: "Uncontained ECC error",
+    119: "GSP RPC Timeout",
+    120: "GSP Error",
+    140: "Unrecovered ECC Error",
+    154: "GPU Recovery Action Changed",
+}
+XID_UNKNOWN_MESSAGE = "Unknown Error"

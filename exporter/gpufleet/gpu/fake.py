@@ -258,6 +258,22 @@ class FakeNvml:
         recorded = self._device(handle, "nvmlDeviceGetUtilizationRates")
         return pynvml.c_nvmlUtilization_t(gpu=recorded["gpu"], memory=recorded["memory"])
 
+    def nvmlDeviceGetEncoderUtilization(self, handle: FakeHandle) -> list[int]:
+        return [int(v) for v in self._device(handle, "nvmlDeviceGetEncoderUtilization")]
+
+    def nvmlDeviceGetDecoderUtilization(self, handle: FakeHandle) -> list[int]:
+        return [int(v) for v in self._device(handle, "nvmlDeviceGetDecoderUtilization")]
+
+    def nvmlDeviceGetGridLicensableFeatures(self, handle: FakeHandle) -> Any:
+        recorded = self._device(handle, "nvmlDeviceGetGridLicensableFeatures")
+        features = pynvml.c_nvmlGridLicensableFeatures_v4_t()
+        features.isGridLicenseSupported = int(recorded["isGridLicenseSupported"])
+        states = list(recorded.get("featureStates", []))
+        features.licensableFeaturesCount = len(states)
+        for slot, state in enumerate(states):
+            features.gridLicensableFeatures[slot].featureState = int(state)
+        return features
+
     def nvmlDeviceGetMemoryInfo(self, handle: FakeHandle, version: int | None = None) -> Any:
         if version:
             recorded = self._device(handle, "nvmlDeviceGetMemoryInfo_v2")

@@ -95,6 +95,7 @@ class _GpuState:
     nvlink_links: int = 0
     gpm_supported: bool | None = None
     gpm_previous: Any = None
+    gpm_previous_at: float = 0.0
 
 
 # NVML field IDs read in one nvmlDeviceGetFieldValues call, with the metric each feeds.
@@ -111,11 +112,15 @@ _FI_NVLINK_THROUGHPUT_RAW = (140, 141)  # TX, RX in KiB, per link (scopeId)
 
 # GPM metric IDs (percent) for the DCGM profiling fields (ratios).
 _GPM_METRICS: tuple[tuple[int, cat.GpuMetric], ...] = (
+    (1, cat.GR_ENGINE_ACTIVE),  # NVML_GPM_METRIC_GRAPHICS_UTIL
     (2, cat.SM_ACTIVE),  # NVML_GPM_METRIC_SM_UTIL
     (3, cat.SM_OCCUPANCY),  # NVML_GPM_METRIC_SM_OCCUPANCY
     (5, cat.PIPE_TENSOR_ACTIVE),  # NVML_GPM_METRIC_ANY_TENSOR_UTIL
     (10, cat.DRAM_ACTIVE),  # NVML_GPM_METRIC_DRAM_BW_UTIL
 )
+
+# GPM metrics are rates between two samples; closer ones are noise.
+_GPM_MIN_INTERVAL_S = 0.1
 
 _VALUE_ATTR_BY_TYPE = {
     0: "dVal",
@@ -192,6 +197,11 @@ class NvmlReader:
         for index in range(count):
             self._gpus.append(self._enumerate(index))
         self._first_seen = count
+        # One GPM sample now, so that the first snapshot (what /readyz waits for) already
+        # has the DCGM_FI_PROF_* families, as dcgm-exporter's first scrape does.
+        for state in self._gpus:
+            if state.handle is not None:
+                self._prime_gpm(state)
 
     def close(self) -> None:
         for state in self._gpus:
@@ -374,6 +384,9 @@ class NvmlReader:
             _Probe("power", (cat.POWER_USAGE,), self._read_power),
             _Probe("energy", (cat.TOTAL_ENERGY,), self._read_energy),
             _Probe("utilization", (cat.GPU_UTIL, cat.MEM_COPY_UTIL), self._read_utilization),
+            _Probe("encoder", (cat.ENC_UTIL,), self._codec("nvmlDeviceGetEncoderUtilization")),
+            _Probe("decoder", (cat.DEC_UTIL,), self._codec("nvmlDeviceGetDecoderUtilization")),
+            _Probe("vgpu_license", (cat.VGPU_LICENSE_STATUS,), self._read_vgpu_license),
             _Probe("memory", (cat.FB_FREE, cat.FB_USED, cat.FB_RESERVED), self._read_memory),
             _Probe("pcie_replay", (cat.PCIE_REPLAY,), self._read_pcie_replay),
             _Probe("pcie_tx", (cat.PCIE_TX,), self._pcie_throughput(0, cat.PCIE_TX)),
@@ -440,6 +453,24 @@ class NvmlReader:
         rates = self._device_call(state, "nvmlDeviceGetUtilizationRates")
         values[cat.GPU_UTIL.name] = float(rates.gpu)
         values[cat.MEM_COPY_UTIL.name] = float(rates.memory)
+
+    def _codec(self, call: str) -> Callable[[_GpuState, dict[str, float]], None]:
+        metric = cat.ENC_UTIL if "Encoder" in call else cat.DEC_UTIL
+
+        def read(state: _GpuState, values: dict[str, float]) -> None:
+            utilization, _period_us = self._device_call(state, call)
+            values[metric.name] = float(utilization)
+
+        return read
+
+    def _read_vgpu_license(self, state: _GpuState, values: dict[str, float]) -> None:
+        """1 when a vGPU guest holds a license, 0 when not; omitted on bare metal."""
+        features = self._device_call(state, "nvmlDeviceGetGridLicensableFeatures")
+        if not features.isGridLicenseSupported:
+            raise _Unsupported
+        count = min(int(features.licensableFeaturesCount), len(features.gridLicensableFeatures))
+        licensed = any(features.gridLicensableFeatures[i].featureState for i in range(count))
+        values[cat.VGPU_LICENSE_STATUS.name] = 1.0 if licensed else 0.0
 
     def _read_memory(self, state: _GpuState, values: dict[str, float]) -> None:
         mib = 1024.0 * 1024.0
@@ -553,13 +584,22 @@ class NvmlReader:
 
         return read
 
-    def _read_gpm(self, state: _GpuState, values: dict[str, float]) -> None:
-        nvml = self.nvml
+    def _prime_gpm(self, state: _GpuState) -> None:
+        try:
+            if self._gpm_supported(state):
+                self._take_gpm_sample(state)
+        except (_CallFailed, _Unsupported, _GpuDown):
+            pass  # the first cycle tries again (and records what it finds)
+
+    def _gpm_supported(self, state: _GpuState) -> bool:
         if state.gpm_supported is None:
             support = self._device_call(state, "nvmlGpmQueryDeviceSupport")
             state.gpm_supported = bool(support.isSupportedDevice)
-        if not state.gpm_supported:
-            raise _Unsupported
+        return state.gpm_supported
+
+    def _take_gpm_sample(self, state: _GpuState) -> Any:
+        """A new GPM sample becomes the GPU's latest; returns the one it replaces."""
+        nvml = self.nvml
         sample = self._call("nvmlGpmSampleAlloc", state.identity.index, nvml.nvmlGpmSampleAlloc)
         try:
             self._device_call(state, "nvmlGpmSampleGet", sample)
@@ -567,6 +607,20 @@ class NvmlReader:
             self._call("nvmlGpmSampleFree", state.identity.index, nvml.nvmlGpmSampleFree, sample)
             raise
         previous, state.gpm_previous = state.gpm_previous, sample
+        state.gpm_previous_at = time.monotonic()
+        return previous
+
+    def _read_gpm(self, state: _GpuState, values: dict[str, float]) -> None:
+        nvml = self.nvml
+        if not self._gpm_supported(state):
+            raise _Unsupported
+        if state.gpm_previous is not None:
+            # only right after open(): give the priming sample a meaningful interval
+            young = _GPM_MIN_INTERVAL_S - (time.monotonic() - state.gpm_previous_at)
+            if young > 0:
+                time.sleep(young)
+        previous = self._take_gpm_sample(state)
+        sample = state.gpm_previous
         if previous is None:
             return  # GPM metrics are rates between two samples: the next cycle has them
         try:

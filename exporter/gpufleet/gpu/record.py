@@ -133,6 +133,16 @@ class RecordingNvml:
             value = dict(
                 zip(("correctable", "uncorrectable", "pending", "failure"), result, strict=True)
             )
+        elif name == "nvmlDeviceGetGridLicensableFeatures":
+            count = int(result.licensableFeaturesCount)
+            value = {
+                "isGridLicenseSupported": int(result.isGridLicenseSupported),
+                "featureStates": [
+                    int(result.gridLicensableFeatures[i].featureState) for i in range(count)
+                ],
+            }
+        elif name in ("nvmlDeviceGetEncoderUtilization", "nvmlDeviceGetDecoderUtilization"):
+            value = [int(part) for part in result]
         elif name == "nvmlDeviceGetRetiredPages":
             value = len(result)
         elif name == "nvmlDeviceRegisterEvents":

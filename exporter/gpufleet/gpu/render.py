@@ -17,14 +17,28 @@ from gpufleet.gpu.xid import XidLedger, XidView
 
 
 def gpu_families(
-    snapshot: GpuSnapshot, xids: XidView | None = None, stale: bool = False
+    snapshot: GpuSnapshot,
+    xids: XidView | None = None,
+    stale: bool = False,
+    node_label: str = cat.NODE_LABEL,
 ) -> list[Family]:
-    """Families for one snapshot. A stale snapshot yields no values, only that GPUs are down."""
+    """Families for one snapshot. A stale snapshot yields no values, only that GPUs are down.
+
+    Every series carries dcgm-exporter's labels, the node under ``node_label``
+    (``Hostname`` as every released dcgm-exporter, or ``hostname``), and the driver
+    version as ``DCGM_FI_DRIVER_VERSION``, as dcgm-exporter's stock counters do."""
     families: list[Family] = []
     hostname = snapshot.gpus[0].identity.hostname if snapshot.gpus else ""
-    host_labels = format_labels((("Hostname", hostname),))
+    driver_pair = (cat.DRIVER_LABEL, snapshot.driver_version)
+    host_labels = format_labels(((node_label, hostname), driver_pair))
+
+    def gpu_labels(pairs: tuple[tuple[str, str], ...]) -> str:
+        named = tuple((node_label if key == cat.NODE_LABEL else key, value) for key, value in pairs)
+        return format_labels((*named, driver_pair))
+
     labels_by_index = {
-        reading.identity.index: reading.identity.labels() for reading in snapshot.gpus
+        reading.identity.index: gpu_labels(reading.identity.label_pairs())
+        for reading in snapshot.gpus
     }
 
     if not stale:
@@ -116,7 +130,9 @@ def _xid_families(
         labels = labels_by_index[reading.identity.index]
         history = xids.by_uuid.get(reading.identity.uuid)
         if xids.watching and reading.up and not stale:
-            last.add(labels, float(history.last_xid if history else 0))
+            code = history.last_xid if history else 0
+            message = escape_label_value(cat.XID_MESSAGES.get(code, cat.XID_UNKNOWN_MESSAGE))
+            last.add(f'{labels},err_code="{code}",err_msg="{message}"', float(code))
         if history is None:
             continue
         for code in sorted(history.counts):
@@ -128,9 +144,12 @@ def _xid_families(
 class GpuExpositionCache:
     """Renders the GPU part of /metrics only when the snapshot, XIDs or staleness change."""
 
-    def __init__(self, sampler: GpuSampler, ledger: XidLedger | None) -> None:
+    def __init__(
+        self, sampler: GpuSampler, ledger: XidLedger | None, node_label: str = cat.NODE_LABEL
+    ) -> None:
         self._sampler = sampler
         self._ledger = ledger
+        self._node_label = node_label
         self._key: tuple[int, int, bool] | None = None
         self._part = EMPTY_PART
         self.renders = 0
@@ -144,7 +163,8 @@ class GpuExpositionCache:
         key = (snapshot.seq, version, status.stale)
         if key != self._key:
             xids = self._ledger.view() if self._ledger is not None else None
-            self._part = PrecompressedPart.of(render(gpu_families(snapshot, xids, status.stale)))
+            families = gpu_families(snapshot, xids, status.stale, self._node_label)
+            self._part = PrecompressedPart.of(render(families))
             self._key = key
             self.renders += 1
         return self._part
