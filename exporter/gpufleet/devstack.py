@@ -497,5 +497,7 @@ class VmalertServer:
             self.process.stop()
 
     def firing_alerts(self) -> list[dict[str, Any]]:
-        alerts: list[dict[str, Any]] = http_json(f"{self.url}/api/v1/alerts")["data"]["alerts"]
+        # vmalert answers "alerts": null while nothing is pending or firing
+        data = http_json(f"{self.url}/api/v1/alerts")["data"]
+        alerts: list[dict[str, Any]] = data.get("alerts") or []
         return [alert for alert in alerts if alert["state"] == "firing"]
