@@ -155,9 +155,13 @@ def backfill(history_files: Sequence[Path], tsdb: Path) -> float:
     per file in parallel; return the wall seconds it took."""
     started = time.monotonic()
     binary = find_binary("promtool")
+    # promtool reads the whole file once per block it writes: with its default 2 h blocks
+    # a 3-day history is read 36 times. One block of up to 31 days reads it once (4-5x
+    # faster here, same peak memory); Prometheus serves and compacts such blocks as usual.
+    one_block = "--max-block-duration=744h"
     workers = [
         subprocess.Popen(
-            [binary, "tsdb", "create-blocks-from", "openmetrics", str(path), str(tsdb)],
+            [binary, "tsdb", "create-blocks-from", "openmetrics", one_block, str(path), str(tsdb)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )
