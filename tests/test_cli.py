@@ -6,10 +6,11 @@ import argparse
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from gpufleet.cli import AGENT_OPTIONS, ConfigError, build_parser, node_name
+from gpufleet.cli import AGENT_OPTIONS, ConfigError, build_parser, ingest_token, node_name
 
 
 def resolve(argv: list[str], monkeypatch: pytest.MonkeyPatch, **env: str) -> dict[str, object]:
@@ -42,12 +43,16 @@ def test_every_flag_has_an_environment_variable(monkeypatch: pytest.MonkeyPatch)
         GPUFLEET_NVML_CALL_TIMEOUT="7",
         GPUFLEET_GPU_STALE_AFTER="30",
         GPUFLEET_LOG_LEVEL="debug",
-        GPUFLEET_INGEST_TOKEN="tok",
+        GPUFLEET_INGEST_TOKEN_FILE="/run/secrets/token",
+        GPUFLEET_ALLOW_UNAUTHENTICATED_INGEST="true",
         GPUFLEET_JOB_TTL="1800",
         GPUFLEET_MAX_JOBS="4",
         GPUFLEET_MAX_STAGES="8",
-        GPUFLEET_MAX_RANKS="64",
+        GPUFLEET_MAX_RANKS_PER_STAGE="16",
+        GPUFLEET_MAX_SERIES="1000",
         GPUFLEET_MAX_BATCH_EVENTS="1000",
+        GPUFLEET_MAX_BODY_BYTES="500000",
+        GPUFLEET_MAX_CONNECTIONS="100",
     )
     assert values == {
         "listen": ("127.0.0.1", 9999),
@@ -59,12 +64,16 @@ def test_every_flag_has_an_environment_variable(monkeypatch: pytest.MonkeyPatch)
         "nvml_call_timeout": 7.0,
         "gpu_stale_after": 30.0,
         "log_level": "debug",
-        "ingest_token": "tok",
+        "ingest_token_file": "/run/secrets/token",
+        "allow_unauthenticated_ingest": True,
         "job_ttl": 1800.0,
         "max_jobs": 4,
         "max_stages": 8,
-        "max_ranks": 64,
+        "max_ranks_per_stage": 16,
+        "max_series": 1000,
         "max_batch_events": 1000,
+        "max_body_bytes": 500000,
+        "max_connections": 100,
     }
     assert {option.env for option in AGENT_OPTIONS} == {
         "GPUFLEET_LISTEN",
@@ -76,13 +85,55 @@ def test_every_flag_has_an_environment_variable(monkeypatch: pytest.MonkeyPatch)
         "GPUFLEET_NVML_CALL_TIMEOUT",
         "GPUFLEET_GPU_STALE_AFTER",
         "GPUFLEET_LOG_LEVEL",
-        "GPUFLEET_INGEST_TOKEN",
+        "GPUFLEET_INGEST_TOKEN_FILE",
+        "GPUFLEET_ALLOW_UNAUTHENTICATED_INGEST",
         "GPUFLEET_JOB_TTL",
         "GPUFLEET_MAX_JOBS",
         "GPUFLEET_MAX_STAGES",
-        "GPUFLEET_MAX_RANKS",
+        "GPUFLEET_MAX_RANKS_PER_STAGE",
+        "GPUFLEET_MAX_SERIES",
         "GPUFLEET_MAX_BATCH_EVENTS",
+        "GPUFLEET_MAX_BODY_BYTES",
+        "GPUFLEET_MAX_CONNECTIONS",
     }
+
+
+def test_no_flag_takes_a_token_on_the_command_line() -> None:
+    # A command line is visible to every user of the node (ps, /proc/PID/cmdline).
+    flags = {option.flag for option in AGENT_OPTIONS}
+    assert "--ingest-token" not in flags
+    assert not [flag for flag in flags if flag.endswith("token")]
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["agent", "--ingest-token", "s3cret"])
+
+
+def test_the_token_comes_from_a_file_or_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("GPUFLEET_INGEST_TOKEN", raising=False)
+    assert ingest_token(None) is None
+    secret = tmp_path / "token"
+    secret.write_text("s3cret\n")  # a mounted Secret often ends with a newline
+    assert ingest_token(str(secret)) == "s3cret"
+    monkeypatch.setenv("GPUFLEET_INGEST_TOKEN", "from-env")
+    assert ingest_token(None) == "from-env"
+    with pytest.raises(ConfigError, match="keep one"):
+        ingest_token(str(secret))
+    monkeypatch.delenv("GPUFLEET_INGEST_TOKEN")
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(ConfigError, match="is empty"):
+        ingest_token(str(tmp_path / "empty"))
+    with pytest.raises(ConfigError, match="cannot read"):
+        ingest_token(str(tmp_path / "missing"))
+
+
+def test_allow_unauthenticated_ingest_is_a_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert resolve([], monkeypatch)["allow_unauthenticated_ingest"] is False
+    assert resolve(["--allow-unauthenticated-ingest"], monkeypatch)[
+        "allow_unauthenticated_ingest"
+    ]
+    with pytest.raises(ConfigError, match="not true or false"):
+        resolve([], monkeypatch, GPUFLEET_ALLOW_UNAUTHENTICATED_INGEST="maybe")
 
 
 def test_a_flag_wins_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

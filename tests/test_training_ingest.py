@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet.agent.app import Agent, AgentSettings
-from gpufleet.training.aggregate import IngestLimits
+from gpufleet.training.aggregate import SERIES_PER_RANK, IngestLimits, series_per_stage
 
 
 @dataclass
@@ -63,7 +63,8 @@ def make_node(limits: IngestLimits | None = None, token: str | None = None) -> I
         clock=clock,
     )
     agent.open()
-    with TestClient(agent.asgi()) as client:
+    # A loopback client: without a token, the agent accepts writes from loopback only.
+    with TestClient(agent.asgi(), client=("127.0.0.1", 50000)) as client:
         yield Node(client, agent, clock)
 
 
@@ -236,13 +237,20 @@ def test_a_job_that_stops_reporting_is_dropped_after_the_ttl() -> None:
             IngestLimits(max_stages=1),
             [step(0, 5), step(1, 5, pp_stage=3)],
             "stage_cap",
-            "new pp_stage(s) [3] rejected",
+            "new pair(s) [('llm-7b', 3)] refused",
         ),
         (
-            IngestLimits(max_ranks=1),
+            IngestLimits(max_ranks_per_stage=1),
             [step(0, 5), step(9, 5)],
             "rank_cap",
-            "new rank(s) [9] rejected",
+            "new rank(s) [9] refused",
+        ),
+        (
+            # one stage and one rank exist; one more rank would pass the series cap
+            IngestLimits(max_series=series_per_stage() + SERIES_PER_RANK + 1),
+            [step(0, 5), step(9, 5)],
+            "series_cap",
+            "the batch would add 2",
         ),
     ],
 )

@@ -14,6 +14,7 @@ import re
 import socket
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from gpufleet import __version__
@@ -206,11 +207,21 @@ AGENT_OPTIONS = (
         "seconds after which a snapshot is too old to serve (default: 3 intervals, at least 15)",
     ),
     _Option(
-        "--ingest-token",
-        "GPUFLEET_INGEST_TOKEN",
+        "--ingest-token-file",
+        "GPUFLEET_INGEST_TOKEN_FILE",
         _text,
         None,
-        "bearer token required to POST training events (default: none required)",
+        "file holding the bearer token required to POST training events (a mounted Secret); "
+        "the token may also come from $GPUFLEET_INGEST_TOKEN, never from a flag",
+    ),
+    _Option(
+        "--allow-unauthenticated-ingest",
+        "GPUFLEET_ALLOW_UNAUTHENTICATED_INGEST",
+        _boolean,
+        "false",
+        "without a token, accept training events from beyond loopback too (by default only "
+        "loopback clients may write when no token is set)",
+        switch=True,
     ),
     _Option(
         "--job-ttl",
@@ -222,14 +233,47 @@ AGENT_OPTIONS = (
     _Option(
         "--max-jobs", "GPUFLEET_MAX_JOBS", _positive_int, "16", "training jobs tracked at once"
     ),
-    _Option("--max-stages", "GPUFLEET_MAX_STAGES", _positive_int, "64", "distinct pp_stage values"),
-    _Option("--max-ranks", "GPUFLEET_MAX_RANKS", _positive_int, "256", "distinct ranks"),
+    _Option(
+        "--max-stages",
+        "GPUFLEET_MAX_STAGES",
+        _positive_int,
+        "64",
+        "(training_job, pp_stage) pairs tracked at once",
+    ),
+    _Option(
+        "--max-ranks-per-stage",
+        "GPUFLEET_MAX_RANKS_PER_STAGE",
+        _positive_int,
+        "64",
+        "ranks tracked per (training_job, pp_stage)",
+    ),
+    _Option(
+        "--max-series",
+        "GPUFLEET_MAX_SERIES",
+        _positive_int,
+        "5000",
+        "training and checkpoint series exported, in all",
+    ),
     _Option(
         "--max-batch-events",
         "GPUFLEET_MAX_BATCH_EVENTS",
         _positive_int,
-        "20000",
+        "4096",
         "events accepted in one POST",
+    ),
+    _Option(
+        "--max-body-bytes",
+        "GPUFLEET_MAX_BODY_BYTES",
+        _positive_int,
+        str(2 * 1024 * 1024),
+        "largest ingest body accepted",
+    ),
+    _Option(
+        "--max-connections",
+        "GPUFLEET_MAX_CONNECTIONS",
+        _positive_int,
+        "512",
+        "HTTP connections held open; beyond it the oldest idle one is closed",
     ),
     _Option(
         "--log-level",
@@ -330,13 +374,35 @@ def node_name(explicit: str | None) -> str:
     return explicit or _env("NODE_NAME") or socket.gethostname()
 
 
+def ingest_token(token_file: str | None) -> str | None:
+    """The agent's ingest token: from --ingest-token-file / GPUFLEET_INGEST_TOKEN_FILE, else
+    GPUFLEET_INGEST_TOKEN. Never from a flag: a command line is visible in ``ps``."""
+    from_env = _env("GPUFLEET_INGEST_TOKEN")
+    if token_file is None:
+        return from_env.strip() if from_env else None
+    if from_env:
+        raise ConfigError(
+            "both an ingest token file (--ingest-token-file / GPUFLEET_INGEST_TOKEN_FILE) and "
+            "GPUFLEET_INGEST_TOKEN are set; keep one"
+        )
+    try:
+        token = Path(token_file).read_text(encoding="utf-8").strip()
+    except OSError as error:
+        raise ConfigError(f"--ingest-token-file: cannot read {token_file!r}: {error}") from None
+    if not token:
+        raise ConfigError(f"--ingest-token-file: {token_file!r} is empty")
+    return token
+
+
 def _run_agent(namespace: argparse.Namespace) -> int:
-    from gpufleet.agent.app import Agent, AgentSettings, serve
+    from gpufleet.agent.app import Agent, AgentSettings, serve_agent
+    from gpufleet.agent.connections import ConnectionLimits
     from gpufleet.gpu.reader import NvmlUnavailable
     from gpufleet.training.aggregate import IngestLimits
 
     values = {option.dest: option.resolve(namespace) for option in AGENT_OPTIONS}
     logging.basicConfig(level=values["log_level"].upper(), format=LOG_FORMAT)
+    token = ingest_token(values["ingest_token_file"])
     host, port = values["listen"]
     settings = AgentSettings(
         node=node_name(values["node"]),
@@ -347,23 +413,20 @@ def _run_agent(namespace: argparse.Namespace) -> int:
         expected_gpus=values["expected_gpus"],
         stale_after=values["gpu_stale_after"],
         nvml_call_timeout=values["nvml_call_timeout"],
-        ingest_token=values["ingest_token"],
+        ingest_token=token,
+        allow_unauthenticated_ingest=values["allow_unauthenticated_ingest"],
         node_label=values["node_label"],
         limits=IngestLimits(
             job_ttl_s=values["job_ttl"],
             max_jobs=values["max_jobs"],
             max_stages=values["max_stages"],
-            max_ranks=values["max_ranks"],
+            max_ranks_per_stage=values["max_ranks_per_stage"],
+            max_series=values["max_series"],
             max_batch_events=values["max_batch_events"],
+            max_body_bytes=values["max_body_bytes"],
         ),
+        connections=ConnectionLimits(max_connections=values["max_connections"]),
     )
-    if not values["ingest_token"] and host not in ("127.0.0.1", "::1", "localhost"):
-        logging.getLogger("gpufleet.agent").warning(
-            "the ingest API on %s:%d accepts training events from anyone who can reach it; "
-            "set --ingest-token (GPUFLEET_INGEST_TOKEN) to require a bearer token",
-            host,
-            port,
-        )
     agent = Agent(settings)
     try:
         agent.open()
@@ -374,7 +437,20 @@ def _run_agent(namespace: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    serve(agent.asgi(), host, port, values["log_level"])
+    log = logging.getLogger("gpufleet.agent")
+    if token is None and settings.allow_unauthenticated_ingest:
+        log.warning(
+            "the ingest API on %s:%d accepts training events from anyone who can reach it "
+            "(--allow-unauthenticated-ingest)",
+            host,
+            port,
+        )
+    elif token is None:
+        log.info(
+            "no ingest token: training events are accepted from loopback only; set "
+            "--ingest-token-file (or GPUFLEET_INGEST_TOKEN) for clients beyond it"
+        )
+    serve_agent(agent, values["log_level"])
     return 0
 
 
@@ -698,6 +774,8 @@ def build_parser() -> argparse.ArgumentParser:
         "agent",
         help="run the per-node agent (GPU metrics and training-metrics ingest)",
         description="Serve DCGM-compatible GPU metrics and the training-metrics ingest API.",
+        # No abbreviations: "--ingest-token SECRET" must fail, not read a file named SECRET.
+        allow_abbrev=False,
     )
     for option in AGENT_OPTIONS:
         option.add_to(agent)

@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CollectorRegistry
 
 from gpufleet import __version__
+from gpufleet.agent.connections import ConnectionGuard, ConnectionLimits, protocol_for
 from gpufleet.agent.metrics_endpoint import MetricsEndpoint, Receive, Scope, Send
 from gpufleet.agent.selfmetrics import AgentSelfCollector, ScrapeStats
 from gpufleet.gpu.reader import CallErrors, NvmlApi, NvmlReader
@@ -40,8 +41,11 @@ class AgentSettings:
     stale_after: float | None = None
     nvml_call_timeout: float | None = None
     ingest_token: str | None = None
+    # Without a token, only loopback clients may write unless this is set (explicitly).
+    allow_unauthenticated_ingest: bool = False
     limits: IngestLimits = field(default_factory=IngestLimits)
     node_label: str = "Hostname"  # dcgm-exporter's: Hostname (releases) or hostname (main)
+    connections: ConnectionLimits = field(default_factory=ConnectionLimits)
 
 
 class Agent:
@@ -65,6 +69,7 @@ class Agent:
         self._cache: GpuExpositionCache | None = None
         self._started = False
         self.training = TrainingAggregator(settings.node, settings.limits, clock)
+        self.connections = ConnectionGuard(settings.connections)
 
     def _nvml(self) -> NvmlApi:
         if self._nvml_override is not None:
@@ -96,7 +101,12 @@ class Agent:
         self.registry.register(self.training)
         self.registry.register(
             AgentSelfCollector(
-                settings.node, settings.gpu_source, self.errors, self.sampler, self.scrapes
+                settings.node,
+                settings.gpu_source,
+                self.errors,
+                self.sampler,
+                self.scrapes,
+                connections=self.connections,
             )
         )
 
@@ -153,7 +163,12 @@ class Agent:
             redoc_url=None,
         )
 
-        api.include_router(IngestApi(agent.training, agent.settings.ingest_token).router())
+        ingest = IngestApi(
+            agent.training,
+            agent.settings.ingest_token,
+            allow_unauthenticated=agent.settings.allow_unauthenticated_ingest,
+        )
+        api.include_router(ingest.router())
 
         @api.get("/", response_class=PlainTextResponse, include_in_schema=False)
         def index() -> str:
@@ -166,7 +181,7 @@ class Agent:
             )
 
         @api.get("/healthz")
-        def healthz() -> dict[str, str]:
+        async def healthz() -> dict[str, str]:  # async: answered on the loop, no thread wait
             return {"status": "ok"}
 
         @api.get("/readyz", response_model=None)
@@ -208,6 +223,26 @@ def serve(app: Any, host: str, port: int, log_level: str = "info") -> None:
         http="httptools",
         loop="asyncio",
         lifespan="on",
+        timeout_graceful_shutdown=5,
+    )
+    uvicorn.Server(config).run()
+
+
+def serve_agent(agent: Agent, log_level: str = "info") -> None:
+    """Run the agent's server until SIGINT/SIGTERM, under its connection limits."""
+    import uvicorn
+
+    settings = agent.settings
+    config = uvicorn.Config(
+        agent.asgi(),
+        host=settings.host,
+        port=settings.port,
+        log_level=log_level,
+        access_log=False,
+        http=protocol_for(agent.connections),
+        loop="asyncio",
+        lifespan="on",
+        timeout_keep_alive=int(settings.connections.keep_alive_s),
         timeout_graceful_shutdown=5,
     )
     uvicorn.Server(config).run()

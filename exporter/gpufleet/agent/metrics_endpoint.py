@@ -4,13 +4,20 @@ The GPU part (hundreds of series) is rendered once per NVML snapshot and kept
 raw and deflated; a scrape renders only the small live registry (training
 counters, self-metrics) and splices it on. This keeps a scrape far below the
 cost of rendering every series each time.
+
+The render runs in one worker thread, never on the event loop, so ingest,
+``/healthz`` and other scrapes are served while a large exposition renders;
+scrapes that arrive during a render wait for the next one in turn (one render
+at a time bounds the CPU a scrape storm can take).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -42,6 +49,7 @@ class MetricsEndpoint:
         self._registry = registry
         self._stats = stats
         self._cached_part = cached_part
+        self._renderer = ThreadPoolExecutor(1, thread_name_prefix="gpufleet-metrics")
 
     def body(self, gzip: bool) -> bytes:
         part = self._cached_part() if self._cached_part is not None else EMPTY_PART
@@ -58,7 +66,8 @@ class MetricsEndpoint:
         started = time.perf_counter()
         gzip = _accepts_gzip(scope)
         try:
-            body = self.body(gzip)
+            loop = asyncio.get_running_loop()
+            body = await loop.run_in_executor(self._renderer, self.body, gzip)
         except Exception:
             log.exception("rendering /metrics failed")
             await _plain(send, 500, b"rendering /metrics failed; see the agent's log\n")

@@ -14,6 +14,7 @@ from prometheus_client.metrics_core import (
 from prometheus_client.registry import Collector
 
 from gpufleet import __version__
+from gpufleet.agent.connections import ConnectionGuard
 from gpufleet.gpu.reader import CallErrors
 from gpufleet.gpu.sampler import GpuSampler
 
@@ -40,12 +41,15 @@ class AgentSelfCollector(Collector):
         errors: CallErrors,
         sampler: GpuSampler | None,
         scrapes: ScrapeStats,
+        *,
+        connections: ConnectionGuard | None = None,
     ) -> None:
         self._node = node
         self._gpu_source = gpu_source
         self._errors = errors
         self._sampler = sampler
         self._scrapes = scrapes
+        self._connections = connections
 
     def collect(self) -> Iterator[Metric]:
         info = GaugeMetricFamily(
@@ -109,3 +113,19 @@ class AgentSelfCollector(Collector):
         )
         with_scrapes.add_metric([], self._scrapes.count, self._scrapes.seconds)
         yield with_scrapes
+
+        if self._connections is not None:
+            open_now = GaugeMetricFamily(
+                "gpufleet_agent_connections", "HTTP connections open to the agent."
+            )
+            open_now.add_metric([], self._connections.open_connections)
+            yield open_now
+            closed = CounterMetricFamily(
+                "gpufleet_agent_connections_closed",
+                "Connections the agent cut: header_timeout, body_timeout, header_too_large, "
+                "evicted (oldest idle one, to make room), over_limit.",
+                labels=["reason"],
+            )
+            for reason, count in sorted(self._connections.closed().items()):
+                closed.add_metric([reason], count)
+            yield closed

@@ -8,7 +8,10 @@ compute counter per rank, so rules can fall back to rank-level peers when few
 nodes share a stage.
 
 A batch is applied whole or not at all: caps are checked before anything
-changes. Jobs that stop reporting are forgotten after a TTL.
+changes. The caps bound combinations (jobs, (job, stage) pairs, ranks per stage,
+series in all), so the scrape stays bounded whatever a client sends. Jobs that
+stop reporting are forgotten after a TTL. A scrape copies the values under the
+lock and builds its families after releasing it.
 """
 
 from __future__ import annotations
@@ -33,18 +36,37 @@ from gpufleet.training.models import CheckpointBatch, FinishedBatch, StepBatch
 DEFAULT_STEP_BUCKETS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 _FINALIZED_MEMORY = 4096  # recent steps whose slowest-rank figure is already counted
 _SWEEP_EVERY_S = 5.0
-_MAX_IN_FLIGHT = 8192  # per job and op
+_MAX_IN_FLIGHT = 1024  # per job and op (a node has a few ranks; each has one or two open)
 _MAX_PENDING_STEPS = 1024  # per stage: memory stays bounded however fast steps arrive
+
+
+# Series each unit adds to the scrape (checked against the families by a test).
+SERIES_PER_RANK = 2  # rank_compute_seconds, rank_steps
+SERIES_PER_CHECKPOINT_OP = 7  # 3 outcomes, queue wait, service, bytes, in flight
+
+
+def series_per_stage(step_buckets: Sequence[float] = DEFAULT_STEP_BUCKETS) -> int:
+    """Series one (training_job, pp_stage) adds: 8 counters, the histogram's buckets
+    (+Inf included), sum and count, 4 gauges, 2 x 3 phase counters."""
+    return 8 + (len(step_buckets) + 1 + 2) + 4 + 6
 
 
 @dataclass(frozen=True, slots=True)
 class IngestLimits:
+    """What one agent accepts. The cardinality caps apply to combinations, so that
+    their product never decides the scrape: a real 8-GPU node needs 1-8 (job, stage)
+    pairs of 8 ranks each (about 300 series); the defaults leave 10-20x headroom and
+    bound the training series at ``max_series`` whatever a client sends."""
+
     job_ttl_s: float = 900.0
     max_jobs: int = 16
-    max_stages: int = 64
-    max_ranks: int = 256
-    max_batch_events: int = 20_000
-    max_body_bytes: int = 8 * 1024 * 1024
+    max_stages: int = 64  # (training_job, pp_stage) pairs on this agent
+    max_ranks_per_stage: int = 64
+    max_series: int = 5000  # training and checkpoint series exported, in all
+    # The client sends at most 4096 events per request (gpufleet.client.MAX_BATCH_EVENTS);
+    # its largest such batch is about 1.6 MiB (a test measures it), hence 2 MiB.
+    max_batch_events: int = 4096
+    max_body_bytes: int = 2 * 1024 * 1024
     rank_window_s: float = 120.0
     slowest_rank_wait_s: float = 10.0
     checkpoint_timeout_s: float = 6 * 3600.0
@@ -95,6 +117,20 @@ class StageStats:
     def __post_init__(self) -> None:
         self.bucket_counts = [0] * (self.buckets + 1)  # the last one is +Inf
 
+    def export_copy(self) -> StageStats:
+        """What the families read, copied (the pending-step bookkeeping is left out)."""
+        copy = StageStats(self.buckets, self.created)
+        for name in _STAGE_SCALARS:
+            setattr(copy, name, getattr(self, name))
+        copy.bucket_counts = self.bucket_counts.copy()
+        copy.phase_steps = self.phase_steps.copy()
+        copy.phase_seconds = self.phase_seconds.copy()
+        copy.ranks = {
+            rank_id: RankStats(rank.steps, rank.compute_seconds)
+            for rank_id, rank in self.ranks.items()
+        }
+        return copy
+
     def finalize(self, step: int) -> None:
         entry = self.pending.pop(step)
         self.slowest_compute_seconds += entry[0]
@@ -103,6 +139,22 @@ class StageStats:
         self.finalized_order.append(step)
         if len(self.finalized_order) > _FINALIZED_MEMORY:
             self.finalized.discard(self.finalized_order.popleft())
+
+
+_STAGE_SCALARS = (
+    "steps",
+    "step_seconds",
+    "compute_seconds",
+    "data_wait_seconds",
+    "comm_wait_seconds",
+    "tokens",
+    "slowest_compute_seconds",
+    "slowest_steps",
+    "last_step_time",
+    "last_step",
+    "finished_time",
+    "active_ranks",
+)
 
 
 @dataclass(slots=True)
@@ -114,12 +166,28 @@ class CheckpointStats:
     # (rank, id) -> begin time
     in_flight: dict[tuple[int, str], float] = field(default_factory=dict)
 
+    def export_copy(self) -> CheckpointStats:
+        return CheckpointStats(
+            self.outcomes.copy(),
+            self.queue_wait_seconds,
+            self.service_seconds,
+            self.bytes,
+            self.in_flight.copy(),  # at most _MAX_IN_FLIGHT entries, copied in C
+        )
+
 
 @dataclass(slots=True)
 class JobState:
     last_seen: float
     stages: dict[int, StageStats] = field(default_factory=dict)
     checkpoints: dict[str, CheckpointStats] = field(default_factory=dict)
+
+    def export_copy(self) -> JobState:
+        return JobState(
+            self.last_seen,
+            {pp_stage: stage.export_copy() for pp_stage, stage in self.stages.items()},
+            {op: stats.export_copy() for op, stats in self.checkpoints.items()},
+        )
 
 
 class TrainingAggregator(Collector):
@@ -136,8 +204,9 @@ class TrainingAggregator(Collector):
         self._clock = clock
         self._lock = threading.Lock()
         self._jobs: dict[str, JobState] = {}
-        self._stage_values: Counter[int] = Counter()  # value -> jobs using it
-        self._rank_values: Counter[int] = Counter()
+        self._stages = 0  # (training_job, pp_stage) pairs
+        self._series = 0  # training and checkpoint series exported
+        self._series_per_stage = series_per_stage(self.limits.step_buckets)
         self._last_sweep = 0.0
         self._accepted: Counter[str] = Counter()
         self._rejected: Counter[str] = Counter()
@@ -155,12 +224,7 @@ class TrainingAggregator(Collector):
         events = batch.events
         with self._lock:
             self._sweep(now)
-            self._check_caps(
-                {e.training_job for e in events},
-                {(e.training_job, e.pp_stage) for e in events},
-                {(e.training_job, e.rank) for e in events},
-                len(events),
-            )
+            self._check_step_caps(batch)
             self._client_dropped += batch.dropped
             self._accepted["steps"] += len(events)
             bounds = self.limits.step_buckets
@@ -170,7 +234,7 @@ class TrainingAggregator(Collector):
                 rank = stage.ranks.get(event.rank)
                 if rank is None:
                     rank = stage.ranks[event.rank] = RankStats()
-                    self._rank_values[event.rank] += 1
+                    self._series += SERIES_PER_RANK
                     stage.active_ranks += 1
                 rank.last_seen = now
                 if rank.finished:  # the rank runs again (a new attempt, or fit after test)
@@ -221,7 +285,7 @@ class TrainingAggregator(Collector):
         events = batch.events
         with self._lock:
             self._sweep(now)
-            self._check_caps({e.training_job for e in events}, set(), set(), len(events))
+            self._check_checkpoint_caps(batch)
             self._client_dropped += batch.dropped
             self._accepted["checkpoints"] += len(events)
             for event in events:
@@ -229,6 +293,7 @@ class TrainingAggregator(Collector):
                 stats = job.checkpoints.get(event.op)
                 if stats is None:
                     stats = job.checkpoints[event.op] = CheckpointStats()
+                    self._series += SERIES_PER_CHECKPOINT_OP
                 key = (event.rank, event.id)
                 if event.event == "begin":
                     if len(stats.in_flight) >= _MAX_IN_FLIGHT and key not in stats.in_flight:
@@ -271,44 +336,101 @@ class TrainingAggregator(Collector):
         stage = job.stages.get(pp_stage)
         if stage is None:
             stage = job.stages[pp_stage] = StageStats(len(self.limits.step_buckets), self._clock())
-            self._stage_values[pp_stage] += 1
+            self._stages += 1
+            self._series += self._series_per_stage
         return stage
 
-    def _check_caps(
-        self,
-        jobs: set[str],
-        stages: set[tuple[str, int]],
-        ranks: set[tuple[str, int]],
-        events: int,
-    ) -> None:
+    def _check_step_caps(self, batch: StepBatch) -> None:
+        # Every cap is checked before anything changes: a batch is applied whole or not at all.
+        jobs = self._jobs
+        new_jobs: set[str] = set()
+        new_stages: set[tuple[str, int]] = set()
+        new_ranks: dict[tuple[str, int], set[int]] = {}
+        for event in batch.events:
+            job = jobs.get(event.training_job)
+            if job is None:
+                new_jobs.add(event.training_job)
+            key = (event.training_job, event.pp_stage)
+            stage = job.stages.get(event.pp_stage) if job is not None else None
+            if stage is None:
+                new_stages.add(key)
+            if stage is None or event.rank not in stage.ranks:
+                new_ranks.setdefault(key, set()).add(event.rank)
+        if not new_ranks:
+            return  # every event lands on series that already exist
+        self._check_jobs(new_jobs, len(batch.events))
         limits = self.limits
-        new_jobs = jobs - self._jobs.keys()
+        if self._stages + len(new_stages) > limits.max_stages:
+            self._refuse(
+                "stage_cap",
+                len(batch.events),
+                f"this agent already tracks {self._stages} (training_job, pp_stage) pairs (cap "
+                f"{limits.max_stages}, --max-stages); new pair(s) {sorted(new_stages)[:3]} "
+                "refused.",
+            )
+        for (job_name, pp_stage), ranks in sorted(new_ranks.items()):
+            job = jobs.get(job_name)
+            stage = job.stages.get(pp_stage) if job is not None else None
+            known = len(stage.ranks) if stage is not None else 0
+            if known + len(ranks) > limits.max_ranks_per_stage:
+                self._refuse(
+                    "rank_cap",
+                    len(batch.events),
+                    f"training_job {job_name!r} pp_stage {pp_stage} already has {known} ranks on "
+                    f"this agent (cap {limits.max_ranks_per_stage} per stage, "
+                    f"--max-ranks-per-stage); new rank(s) {sorted(ranks)[:3]} refused. Is every "
+                    "rank of the job sending to this node's agent?",
+                )
+        added = len(new_stages) * self._series_per_stage + SERIES_PER_RANK * sum(
+            len(ranks) for ranks in new_ranks.values()
+        )
+        self._check_series(added, len(batch.events))
+
+    def _check_checkpoint_caps(self, batch: CheckpointBatch) -> None:
+        jobs = self._jobs
+        new_jobs: set[str] = set()
+        new_ops: set[tuple[str, str]] = set()
+        for event in batch.events:
+            job = jobs.get(event.training_job)
+            if job is None:
+                new_jobs.add(event.training_job)
+            if job is None or event.op not in job.checkpoints:
+                new_ops.add((event.training_job, event.op))
+        if not new_ops:
+            return
+        self._check_jobs(new_jobs, len(batch.events))
+        self._check_series(SERIES_PER_CHECKPOINT_OP * len(new_ops), len(batch.events))
+
+    def _check_jobs(self, new_jobs: set[str], events: int) -> None:
+        limits = self.limits
         if len(self._jobs) + len(new_jobs) > limits.max_jobs:
-            self._rejected["job_cap"] += events
-            raise CapExceededError(
+            self._refuse(
                 "job_cap",
+                events,
                 f"this agent already tracks {len(self._jobs)} training jobs (cap "
-                f"{limits.max_jobs}, --max-jobs); new job(s) {sorted(new_jobs)[:3]} rejected. "
+                f"{limits.max_jobs}, --max-jobs); new job(s) {sorted(new_jobs)[:3]} refused. "
                 f"Jobs that stop reporting are forgotten after {limits.job_ttl_s:.0f} s.",
             )
-        new_stages = {s for _, s in stages} - {s for s, n in self._stage_values.items() if n}
-        if len(+self._stage_values) + len(new_stages) > limits.max_stages:
-            self._rejected["stage_cap"] += events
-            raise CapExceededError(
-                "stage_cap",
-                f"this agent already tracks {len(+self._stage_values)} distinct pp_stage values "
-                f"(cap {limits.max_stages}, --max-stages); new pp_stage(s) "
-                f"{sorted(new_stages)[:3]} rejected.",
+
+    def _check_series(self, added: int, events: int) -> None:
+        cap = self.limits.max_series
+        if self._series + added > cap:
+            self._refuse(
+                "series_cap",
+                events,
+                f"this agent already exports {self._series} training series (cap {cap}, "
+                f"--max-series); the batch would add {added}. Jobs that stop reporting are "
+                f"forgotten after {self.limits.job_ttl_s:.0f} s.",
             )
-        new_ranks = {r for _, r in ranks} - {r for r, n in self._rank_values.items() if n}
-        if len(+self._rank_values) + len(new_ranks) > limits.max_ranks:
-            self._rejected["rank_cap"] += events
-            raise CapExceededError(
-                "rank_cap",
-                f"this agent already tracks {len(+self._rank_values)} distinct ranks (cap "
-                f"{limits.max_ranks}, --max-ranks); new rank(s) {sorted(new_ranks)[:3]} "
-                "rejected. Is every rank of the job sending to this node's agent?",
-            )
+
+    def _refuse(self, reason: str, events: int, message: str) -> None:
+        self._rejected[reason] += events
+        raise CapExceededError(reason, message)
+
+    @property
+    def series(self) -> int:
+        """Training and checkpoint series exported now (what ``max_series`` bounds)."""
+        return self._series
 
     # -- hygiene ------------------------------------------------------------------
 
@@ -347,12 +469,10 @@ class TrainingAggregator(Collector):
 
     def _forget(self, name: str) -> None:
         job = self._jobs.pop(name)
-        for pp_stage, stage in job.stages.items():
-            self._stage_values[pp_stage] -= 1
-            for rank in stage.ranks:
-                self._rank_values[rank] -= 1
-        self._stage_values = +self._stage_values
-        self._rank_values = +self._rank_values
+        self._stages -= len(job.stages)
+        self._series -= self._series_per_stage * len(job.stages)
+        self._series -= SERIES_PER_RANK * sum(len(stage.ranks) for stage in job.stages.values())
+        self._series -= SERIES_PER_CHECKPOINT_OP * len(job.checkpoints)
         self._jobs_expired += 1
 
     # -- exposition ---------------------------------------------------------------
@@ -362,42 +482,66 @@ class TrainingAggregator(Collector):
         return self._jobs
 
     def collect(self) -> Iterator[Metric]:
+        # Only the copy is made under the lock (O(series), no family objects, no text):
+        # building and rendering the families happen after it, so ingest never waits on them.
         with self._lock:
             self._sweep(self._clock())
-            families = list(self._families())
-        yield from families
+            jobs = {name: job.export_copy() for name, job in self._jobs.items()}
+            counts = IngestCounts(
+                Counter(self._accepted),
+                Counter(self._rejected),
+                self._client_dropped,
+                len(self._jobs),
+                self._jobs_expired,
+                self._series,
+            )
+        yield from training_families(self.node, jobs, self.limits.step_buckets)
+        yield from counts.families()
 
-    def _families(self) -> Iterable[Metric]:
-        yield from training_families(self.node, self._jobs, self.limits.step_buckets)
-        yield from self._ingest_families()
 
-    def _ingest_families(self) -> Iterable[Metric]:
+@dataclass(frozen=True, slots=True)
+class IngestCounts:
+    """The ingest bookkeeping, copied out of the aggregator for one scrape."""
+
+    accepted: Counter[str]
+    rejected: Counter[str]
+    client_dropped: int
+    jobs: int
+    jobs_expired: int
+    series: int
+
+    def families(self) -> Iterable[Metric]:
         accepted = CounterMetricFamily(
             "gpufleet_ingest_accepted_events", "Events accepted by the ingest API.", labels=["kind"]
         )
         for kind in ("steps", "checkpoints", "finished"):
-            accepted.add_metric([kind], self._accepted.get(kind, 0))
+            accepted.add_metric([kind], self.accepted.get(kind, 0))
         rejected = CounterMetricFamily(
             "gpufleet_ingest_rejected",
             "Events (or requests, when no event could be read) rejected, by reason.",
             labels=["reason"],
         )
-        for reason, count in sorted(self._rejected.items()):
+        for reason, count in sorted(self.rejected.items()):
             rejected.add_metric([reason], count)
         dropped = CounterMetricFamily(
             "gpufleet_ingest_client_dropped",
             "Events clients reported dropping before they could send them (buffer full, "
             "agent unreachable).",
         )
-        dropped.add_metric([], self._client_dropped)
+        dropped.add_metric([], self.client_dropped)
         jobs = GaugeMetricFamily("gpufleet_ingest_jobs", "Training jobs this agent tracks.")
-        jobs.add_metric([], len(self._jobs))
+        jobs.add_metric([], self.jobs)
+        series = GaugeMetricFamily(
+            "gpufleet_ingest_series",
+            "Training and checkpoint series this agent exports (bounded by --max-series).",
+        )
+        series.add_metric([], self.series)
         expired = CounterMetricFamily(
             "gpufleet_ingest_jobs_expired",
             "Training jobs forgotten because they stopped reporting for the TTL.",
         )
-        expired.add_metric([], self._jobs_expired)
-        yield from (accepted, rejected, dropped, jobs, expired)
+        expired.add_metric([], self.jobs_expired)
+        yield from (accepted, rejected, dropped, jobs, series, expired)
 
 
 def training_families(

@@ -15,6 +15,16 @@ answers again. The buffer is flushed at exit (for at most ``exit_timeout``), the
 the agent is told this rank finished, so that a job that ended is not taken for
 a job that hung (``finish()`` does this earlier, e.g. at the end of ``fit``).
 
+Timings overlap on a GPU (collectives run under backward compute), so what is
+sent is made to add up, in the sender thread (never on the training thread):
+``data_wait_s`` and ``compute_s`` are kept as measured (each at most the step),
+and ``comm_wait_s`` is the *exposed* collective wait, clamped to what is left of
+the step: communication hidden under compute is not waiting. An event that
+cannot be made valid (a non-finite or out-of-range duration, a negative step)
+is dropped alone, logged and counted in ``dropped``; if the agent still refuses
+some events of a batch, it names them and the rest of the batch is resent, so
+one bad event never costs its neighbours.
+
 Only the standard library is imported, so this module is cheap to import in
 any training environment.
 """
@@ -26,6 +36,7 @@ import http.client
 import itertools
 import json
 import logging
+import math
 import os
 import random
 import re
@@ -56,6 +67,39 @@ _LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9._:@/+=-]")
 # A gap longer than this between two steps is not data loading (eval, logging, a stall).
 _MAX_AUTO_DATA_WAIT_S = 60.0
 _WARN_EVERY_S = 60.0
+# The agent's defaults (gpufleet.training.models / IngestLimits); kept here as literals so
+# that this module imports nothing but the standard library. A test checks they agree.
+MAX_BATCH_EVENTS = 4096
+MAX_STEP_SECONDS = 3600.0
+MAX_CHECKPOINT_SECONDS = 86400.0
+MAX_TOKENS_PER_STEP = 10**9
+MAX_CHECKPOINT_BYTES = 10**15
+MAX_STEP_NUMBER = 1 << 53
+MAX_RANK = 1 << 20
+MAX_STAGE = 1023
+MAX_ID_LENGTH = 128
+_PHASES = ("train", "eval", "checkpoint")
+
+
+class InvalidEventError(ValueError):
+    """An event that no clamping can make acceptable; the message names the field."""
+
+
+def _seconds(name: str, value: object, upper: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidEventError(f"{name}={value!r} is not a number of seconds")
+    seconds = float(value)
+    if not math.isfinite(seconds):
+        raise InvalidEventError(f"{name}={value!r} is not finite")
+    return min(max(seconds, 0.0), upper)
+
+
+def _whole(name: str, value: object, upper: int) -> int:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= upper:
+        raise InvalidEventError(f"{name}={value!r} is not a whole number in 0..{upper}")
+    return value
 
 
 def job_from_environment() -> str:
@@ -208,10 +252,12 @@ class Reporter:
         pp_stage: this rank's pipeline-parallel stage; ranks are only compared with
             peers in the same stage.
         dp_rank: data-parallel rank, where known.
-        token: bearer token if the agent requires one (default: GPUFLEET_INGEST_TOKEN).
+        token: bearer token if the agent requires one (default: GPUFLEET_INGEST_TOKEN, else
+            the content of the file named by GPUFLEET_INGEST_TOKEN_FILE).
         sync: called before a step's end time is taken, e.g. ``torch.cuda.synchronize``,
             so that asynchronous GPU work is inside the step it belongs to.
         buffer_size: events held while the agent is slow or down; beyond it they drop.
+        batch_size: events per request, at most ``MAX_BATCH_EVENTS`` (what the agent takes).
         enabled: False (or GPUFLEET_DISABLE=1) makes every call a no-op.
     """
 
@@ -242,13 +288,13 @@ class Reporter:
         self.rank = rank if rank is not None else rank_from_environment()
         self.pp_stage = pp_stage
         self.dp_rank = dp_rank
-        token = token if token is not None else os.environ.get("GPUFLEET_INGEST_TOKEN")
+        token = token if token is not None else _token_from_environment()
         self._headers = {"Content-Type": "application/json"}
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
         self._sync = sync
         self._capacity = buffer_size
-        self._batch_size = batch_size
+        self._batch_size = max(1, min(batch_size, MAX_BATCH_EVENTS))
         self._flush_interval = flush_interval
         self._timeout = timeout
         self._exit_timeout = exit_timeout
@@ -273,11 +319,25 @@ class Reporter:
         self.dropped = 0  # events dropped and not yet reported to the agent
         self.dropped_total = 0
         self.sent = 0
-        self.rejected = 0
+        self.rejected = 0  # events the agent refused
+        self.invalid = 0  # events dropped here because no clamping could make them valid
+        if enabled and not self._identity_is_valid():
+            self.enabled = enabled = False
         if enabled:
             atexit.register(self.close)
             if hasattr(os, "register_at_fork"):
                 os.register_at_fork(after_in_child=self._after_fork)
+
+    def _identity_is_valid(self) -> bool:
+        try:
+            _whole("rank", self.rank, MAX_RANK)
+            _whole("pp_stage", self.pp_stage, MAX_STAGE)
+            if self.dp_rank is not None:
+                _whole("dp_rank", self.dp_rank, MAX_RANK)
+        except InvalidEventError as error:
+            log.error("gpufleet client disabled: %s", error)
+            return False
+        return True
 
     # -- recording (training thread) ----------------------------------------------
 
@@ -401,8 +461,6 @@ class Reporter:
         result: bool | None = None
         while self._buffer:
             taken = self._take()
-            with self._idle:
-                self._in_flight += 1
             try:
                 ok = self._send_events(taken)
             finally:
@@ -422,23 +480,28 @@ class Reporter:
             self._idle.notify_all()
         return result
 
-    def _count_dropped(self, count: int) -> None:
+    def _count_dropped(self, count: int, warn: bool = True) -> None:
         with self._count_lock:
             self.dropped += count
             self.dropped_total += count
-        self._warn("dropped", "gpufleet client buffer full: dropping events (they are counted)")
+        if warn:
+            self._warn("dropped", "gpufleet client buffer full: dropping events (they are counted)")
 
     def _take(self) -> list[tuple[object, ...]]:
+        # Taken and marked in flight under one lock: flush() never sees the events
+        # neither buffered nor in flight (it would return before they were sent).
         taken = []
         buffer = self._buffer
-        for _ in range(min(self._batch_size, len(buffer))):
-            taken.append(buffer.popleft())
+        with self._idle:
+            for _ in range(min(self._batch_size, len(buffer))):
+                taken.append(buffer.popleft())
+            self._in_flight += 1
         return taken
 
     def _send_events(self, events: list[tuple[object, ...]]) -> bool:
-        steps = [self._step_json(e) for e in events if e[0] == "s"]
-        checkpoints = [self._checkpoint_json(e) for e in events if e[0] == "c"]
-        finished = [
+        steps = self._valid(self._step_json, [e for e in events if e[0] == "s"])
+        checkpoints = self._valid(self._checkpoint_json, [e for e in events if e[0] == "c"])
+        finished: list[dict[str, object]] = [
             {"training_job": self.training_job, "rank": self.rank, "pp_stage": self.pp_stage}
             for e in events
             if e[0] == "f"
@@ -448,47 +511,99 @@ class Reporter:
             ("/v1/checkpoints", checkpoints, True),
             ("/v1/finished", finished, False),  # last: after this batch's steps
         ):
-            if not payload:
-                continue
+            if payload and not self._send_payload(path, payload, counted):
+                return False
+        return True
+
+    def _valid(
+        self,
+        to_json: Callable[[tuple[object, ...]], dict[str, object]],
+        events: list[tuple[object, ...]],
+    ) -> list[dict[str, object]]:
+        payload = []
+        for event in events:
+            try:
+                payload.append(to_json(event))
+            except InvalidEventError as error:
+                self.invalid += 1
+                self._count_dropped(1, warn=False)
+                self._warn("invalid", f"gpufleet client dropped an event it cannot send: {error}")
+        return payload
+
+    def _send_payload(self, path: str, payload: list[dict[str, object]], counted: bool) -> bool:
+        """POST one batch. False: the agent is unreachable or failing (retry later)."""
+        for attempt in range(2):  # the second: without the events the agent named as refused
             dropped = self.dropped
             body = json.dumps({"events": payload, "dropped": dropped}).encode()
-            status = self._post(path, body)
-            if status is None or status >= 500:
+            answer = self._post(path, body)
+            if answer is None or answer[0] >= 500:
                 return False
+            status, text = answer
             if status < 300:
                 self.sent += len(payload) if counted else 0
                 with self._count_lock:
                     self.dropped -= dropped
-            else:
-                self.rejected += len(payload)
+                return True
+            refused = _refused_indices(text, len(payload)) if status == 422 else []
+            if attempt == 0 and 0 < len(refused) < len(payload):
+                self.rejected += len(refused)
                 self._warn(
-                    f"http-{status}",
-                    f"the agent at {self.agent_url} rejected {len(payload)} events "
-                    f"with HTTP {status}; they are dropped",
+                    "http-422",
+                    f"the agent at {self.agent_url} refused {len(refused)} of {len(payload)} "
+                    f"events ({_detail(text)}); they are dropped, the rest is resent",
                 )
+                skip = set(refused)
+                payload = [event for index, event in enumerate(payload) if index not in skip]
+                continue
+            self.rejected += len(payload)
+            self._warn(
+                f"http-{status}",
+                f"the agent at {self.agent_url} rejected {len(payload)} events with HTTP "
+                f"{status} ({_detail(text)}); they are dropped",
+            )
+            return True
         return True
 
     def _step_json(self, event: tuple[object, ...]) -> dict[str, object]:
         _, step, duration, compute, data, comm, tokens, phase = event
+        seconds = _seconds("duration_s", duration, MAX_STEP_SECONDS)
+        if seconds <= 0.0:
+            raise InvalidEventError(f"duration_s={duration!r} is not above 0")
+        if phase not in _PHASES:
+            raise InvalidEventError(f"phase={phase!r} is not one of {', '.join(_PHASES)}")
+        # The parts must add up to at most the step: data and compute as measured,
+        # the collective wait counted only where it was exposed (not hidden under compute).
+        data_s = min(_seconds("data_wait_s", data, MAX_STEP_SECONDS), seconds)
         payload: dict[str, object] = {
             "training_job": self.training_job,
             "rank": self.rank,
             "pp_stage": self.pp_stage,
-            "step": step,
-            "duration_s": duration,
-            "data_wait_s": data,
-            "comm_wait_s": comm,
-            "tokens": tokens,
+            "step": _whole("step", step, MAX_STEP_NUMBER),
+            "duration_s": seconds,
+            "data_wait_s": data_s,
+            "tokens": _whole("tokens", tokens, MAX_TOKENS_PER_STEP),
             "phase": phase,
         }
+        left = seconds - data_s
         if compute is not None:
-            payload["compute_s"] = compute
+            compute_s = min(_seconds("compute_s", compute, MAX_STEP_SECONDS), left)
+            payload["compute_s"] = compute_s
+            left -= compute_s
+        payload["comm_wait_s"] = max(
+            0.0, min(_seconds("comm_wait_s", comm, MAX_STEP_SECONDS), left)
+        )
         if self.dp_rank is not None:
             payload["dp_rank"] = self.dp_rank
         return payload
 
     def _checkpoint_json(self, event: tuple[object, ...]) -> dict[str, object]:
         _, op, kind, ident, queue_wait, service, size, ok = event
+        if op not in ("save", "restore"):
+            raise InvalidEventError(f"op={op!r} is not save or restore")
+        if not isinstance(ident, str) or not 0 < len(ident) <= MAX_ID_LENGTH:
+            raise InvalidEventError(
+                f"id={ident!r} is not a string of 1..{MAX_ID_LENGTH} characters"
+            )
         payload: dict[str, object] = {
             "training_job": self.training_job,
             "rank": self.rank,
@@ -497,10 +612,15 @@ class Reporter:
             "id": ident,
         }
         if kind == "end":
-            payload.update(queue_wait_s=queue_wait, service_s=service, bytes=size, ok=ok)
+            payload.update(
+                queue_wait_s=_seconds("queue_wait_s", queue_wait, MAX_CHECKPOINT_SECONDS),
+                service_s=_seconds("service_s", service, MAX_CHECKPOINT_SECONDS),
+                bytes=_whole("bytes", size, MAX_CHECKPOINT_BYTES),
+                ok=bool(ok),
+            )
         return payload
 
-    def _post(self, path: str, body: bytes) -> int | None:
+    def _post(self, path: str, body: bytes) -> tuple[int, bytes] | None:
         for attempt in range(2):  # one retry on a stale keep-alive connection
             connection = self._connection
             if connection is None:
@@ -510,8 +630,7 @@ class Reporter:
             try:
                 connection.request("POST", self._base_path + path, body, self._headers)
                 response = connection.getresponse()
-                response.read()
-                return response.status
+                return response.status, response.read()
             except (OSError, http.client.HTTPException) as error:
                 connection.close()
                 self._connection = None
@@ -573,3 +692,38 @@ class Reporter:
             self._connection = None
         self.enabled = False
         atexit.unregister(self.close)
+
+
+def _token_from_environment() -> str | None:
+    token = os.environ.get("GPUFLEET_INGEST_TOKEN", "").strip()
+    if token:
+        return token
+    path = os.environ.get("GPUFLEET_INGEST_TOKEN_FILE", "").strip()
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as file:
+            return file.read().strip() or None
+    except OSError as error:
+        log.warning("gpufleet client: cannot read GPUFLEET_INGEST_TOKEN_FILE %r: %s", path, error)
+        return None
+
+
+def _refused_indices(text: bytes, size: int) -> list[int]:
+    """The indices a 422 names in ``refused`` (the agent's answer), within the batch."""
+    try:
+        refused = json.loads(text).get("refused", [])
+    except (ValueError, AttributeError):
+        return []
+    if not isinstance(refused, list):
+        return []
+    return sorted({i for i in refused if isinstance(i, int) and 0 <= i < size})
+
+
+def _detail(text: bytes) -> str:
+    try:
+        detail = json.loads(text).get("detail", "")
+    except (ValueError, AttributeError):
+        detail = text[:200].decode("utf-8", "replace")
+    shown = json.dumps(detail) if not isinstance(detail, str) else detail
+    return shown if len(shown) <= 300 else shown[:297] + "..."

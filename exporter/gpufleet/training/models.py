@@ -1,8 +1,19 @@
 """What training ranks send to their node's agent, and what is accepted.
 
 Every field is validated before anything is counted: a batch is accepted whole
-or rejected whole, with a message naming the field (``events.3.duration_s``).
-Unknown fields are rejected too, so a typo in a client is caught, not ignored.
+or rejected whole, with a message naming the field (``events.3.duration_s``)
+and the index of every refused event (so a client can resend the rest).
+Validation is strict: a JSON value of the wrong type is refused, never coerced
+(``"rank": "3"``, ``"rank": true``, ``"step": 7.0``, ``"duration_s": "2.5"``);
+an integer is accepted where seconds are expected. Unknown fields are rejected
+too, so a typo in a client is caught, not ignored.
+
+Overlap: GPU timings overlap (collectives run under backward compute), so the
+fields are defined to add up: ``compute_s`` is time spent computing,
+``comm_wait_s`` the *exposed* collective wait (time the rank waited on
+communication that no computation hid), ``data_wait_s`` the wait for the data
+loader. Their sum cannot exceed the step beyond timer jitter; the client clamps
+what a caller passes so that it never does (see ``gpufleet.client``).
 """
 
 from __future__ import annotations
@@ -32,7 +43,8 @@ CheckpointOp = Literal["save", "restore"]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: what a client sends is never coerced (JSON "3" is not the integer 3).
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class StepEvent(_Strict):
@@ -48,6 +60,7 @@ class StepEvent(_Strict):
         None
     )
     data_wait_s: Annotated[float, Field(ge=0.0, le=MAX_STEP_SECONDS, allow_inf_nan=False)] = 0.0
+    # Exposed (non-overlapped) collective wait: communication hidden under compute is not in it.
     comm_wait_s: Annotated[float, Field(ge=0.0, le=MAX_STEP_SECONDS, allow_inf_nan=False)] = 0.0
     tokens: Annotated[int, Field(ge=0, le=MAX_TOKENS_PER_STEP)] = 0
     phase: Phase = "train"
@@ -58,7 +71,8 @@ class StepEvent(_Strict):
         if parts > self.duration_s * SPLIT_TOLERANCE + 1e-3:
             raise ValueError(
                 f"compute_s + data_wait_s + comm_wait_s = {parts:.6g} s exceeds "
-                f"duration_s = {self.duration_s:.6g} s"
+                f"duration_s = {self.duration_s:.6g} s; comm_wait_s is the exposed "
+                "(non-overlapped) collective wait, so the parts add up to at most the step"
             )
         return self
 

@@ -1,0 +1,148 @@
+"""Connection limits for the agent's HTTP server, so that abuse cannot take /metrics down.
+
+uvicorn cuts idle keep-alive connections, but not a connection that never sends
+a request, sends its header a byte at a time (slowloris) or its body slowly,
+and its ``limit_concurrency`` answers 503 to every request over the limit,
+Prometheus's included. This guard, a subclass of uvicorn's httptools protocol
+(uvicorn's documented way to bring one's own protocol class), adds:
+
+- a header deadline: a request head must arrive within ``header_timeout_s`` of
+  the connection opening (or of its first byte on a kept-alive connection);
+- a body deadline: the body must arrive within ``body_timeout_s`` of its head;
+  the ingest handler then sees a disconnect and counts it;
+- a header size limit (431);
+- a connection cap that gives priority to the newest connection: when it is
+  reached, the oldest connection still waiting for a request head (idle, slow
+  or never used) is closed to make room. A scraper that connects gets in; the
+  connections an attacker keeps open are the ones that go.
+
+Every cut is counted in ``gpufleet_agent_connections_closed_total{reason}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    max_connections: int = 512
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    max_header_bytes: int = 16 * 1024
+    keep_alive_s: float = 15.0  # longer than Prometheus's usual interval is not needed
+
+
+class ConnectionGuard:
+    """Shared by every connection of one server: the open set, in opening order."""
+
+    def __init__(self, limits: ConnectionLimits | None = None) -> None:
+        self.limits = limits or ConnectionLimits()
+        self._open: dict[GuardedHttpToolsProtocol, None] = {}  # insertion-ordered set
+        self._lock = threading.Lock()  # the counters are read by scrapes in another thread
+        self._closed: Counter[str] = Counter()
+
+    def opened(self, connection: GuardedHttpToolsProtocol) -> None:
+        self._open[connection] = None
+        if len(self._open) > self.limits.max_connections:
+            for candidate in self._open:
+                if candidate is not connection and candidate.idle:
+                    candidate.cut("evicted")
+                    return
+            connection.cut("over_limit")  # every other one is mid-request: refuse the newest
+
+    def lost(self, connection: GuardedHttpToolsProtocol) -> None:
+        self._open.pop(connection, None)
+
+    def count(self, reason: str) -> None:
+        with self._lock:
+            self._closed[reason] += 1
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._open)
+
+    def closed(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._closed)
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the deadlines and caps of a ConnectionGuard."""
+
+    guard: ConnectionGuard  # set on the subclass made by protocol_for()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.awaiting_head = True
+        self._head_bytes = 0
+        self._deadline: asyncio.TimerHandle | None = None
+
+    def _arm(self, seconds: float, reason: str) -> None:
+        self._disarm()
+        self._deadline = self.loop.call_later(seconds, self.cut, reason)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def cut(self, reason: str, status: bytes | None = None) -> None:
+        """Close the connection now, counting why; ``status`` is a response line to send first."""
+        self._disarm()
+        if self.transport is None or self.transport.is_closing():
+            return
+        self.guard.count(reason)
+        if status is not None:
+            self.transport.write(
+                b"HTTP/1.1 " + status + b"\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+            )
+        self.transport.close()
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm(self.guard.limits.header_timeout_s, "header_timeout")
+        self.guard.opened(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        self.guard.lost(self)
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self.awaiting_head:
+            self._head_bytes += len(data)
+            if self._deadline is None:  # the first byte of a request on a kept-alive connection
+                self._arm(self.guard.limits.header_timeout_s, "header_timeout")
+        super().data_received(data)
+        if self.awaiting_head and self._head_bytes > self.guard.limits.max_header_bytes:
+            self.cut("header_too_large", b"431 Request Header Fields Too Large")
+
+    def on_headers_complete(self) -> None:
+        self.awaiting_head = False
+        self._arm(self.guard.limits.body_timeout_s, "body_timeout")
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        # The body is in (an early answer, e.g. 413, leaves the body deadline armed until
+        # then): from here on, what arrives is the next request's head.
+        self._disarm()
+        self.awaiting_head = True
+        self._head_bytes = 0
+        super().on_message_complete()
+
+    @property
+    def idle(self) -> bool:
+        """No request in progress and the next one's head not complete: safe to close."""
+        return self.awaiting_head and (self.cycle is None or self.cycle.response_complete)
+
+
+def protocol_for(guard: ConnectionGuard) -> type[GuardedHttpToolsProtocol]:
+    """A protocol class bound to ``guard``, for ``uvicorn.Config(http=...)``."""
+    return type("AgentHttpProtocol", (GuardedHttpToolsProtocol,), {"guard": guard})
