@@ -61,11 +61,14 @@ def alertmanager_factory(tmp_path: Path) -> Iterator[Callable[..., AlertmanagerS
 class UvicornThread:
     """Serves an ASGI app on 127.0.0.1 from a background thread, with its lifespan."""
 
-    def __init__(self, app: Any, port: int | None = None) -> None:
-        self.port = port or free_port()
-        config = uvicorn.Config(
-            app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on"
-        )
+    def __init__(
+        self, app: Any, port: int | None = None, config: uvicorn.Config | None = None
+    ) -> None:
+        self.port = config.port if config is not None else port or free_port()
+        if config is None:
+            config = uvicorn.Config(
+                app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on"
+            )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
@@ -89,6 +92,23 @@ def serve_asgi() -> Iterator[Callable[..., UvicornThread]]:
 
     def serve(app: Any, port: int | None = None) -> UvicornThread:
         server = UvicornThread(app, port).start()
+        running.append(server)
+        return server
+
+    yield serve
+    for server in running:
+        server.stop()
+
+
+@pytest.fixture
+def serve_agent() -> Iterator[Callable[..., UvicornThread]]:
+    """Serve an Agent as ``gpufleet agent`` does (its protocol guard and limits)."""
+    from gpufleet.agent.app import Agent, agent_server_config
+
+    running: list[UvicornThread] = []
+
+    def serve(agent: Agent) -> UvicornThread:
+        server = UvicornThread(None, config=agent_server_config(agent, "warning")).start()
         running.append(server)
         return server
 

@@ -129,9 +129,7 @@ def test_the_token_comes_from_a_file_or_the_environment(
 
 def test_allow_unauthenticated_ingest_is_a_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     assert resolve([], monkeypatch)["allow_unauthenticated_ingest"] is False
-    assert resolve(["--allow-unauthenticated-ingest"], monkeypatch)[
-        "allow_unauthenticated_ingest"
-    ]
+    assert resolve(["--allow-unauthenticated-ingest"], monkeypatch)["allow_unauthenticated_ingest"]
     with pytest.raises(ConfigError, match="not true or false"):
         resolve([], monkeypatch, GPUFLEET_ALLOW_UNAUTHENTICATED_INGEST="maybe")
 

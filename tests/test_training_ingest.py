@@ -54,17 +54,26 @@ class Node:
         }
 
 
-def make_node(limits: IngestLimits | None = None, token: str | None = None) -> Iterator[Node]:
+def make_node(
+    limits: IngestLimits | None = None,
+    token: str | None = None,
+    client_host: str = "127.0.0.1",
+    allow_unauthenticated: bool = False,
+) -> Iterator[Node]:
     clock = Clock()
     agent = Agent(
         AgentSettings(
-            node="node-a", gpu_source="none", ingest_token=token, limits=limits or IngestLimits()
+            node="node-a",
+            gpu_source="none",
+            ingest_token=token,
+            allow_unauthenticated_ingest=allow_unauthenticated,
+            limits=limits or IngestLimits(),
         ),
         clock=clock,
     )
     agent.open()
-    # A loopback client: without a token, the agent accepts writes from loopback only.
-    with TestClient(agent.asgi(), client=("127.0.0.1", 50000)) as client:
+    # By default a loopback client: without a token, the agent accepts writes from loopback only.
+    with TestClient(agent.asgi(), client=(client_host, 50000)) as client:
         yield Node(client, agent, clock)
 
 
@@ -463,3 +472,139 @@ def test_memory_for_unfinished_steps_is_bounded(node: Node) -> None:
     stage = node.agent.training._jobs["llm-7b"].stages[0]
     assert len(stage.pending) <= 1024
     assert node.value("gpufleet_training_slowest_rank_steps_total", **STAGE0) >= 3000 - 1024
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("rank", True, "valid integer"),
+        ("rank", "3", "valid integer"),
+        ("step", 7.0, "valid integer"),
+        ("tokens", "100", "valid integer"),
+        ("duration_s", "2.5", "valid number"),
+        ("pp_stage", 1.0, "valid integer"),
+    ],
+)
+def test_wrong_types_are_refused_not_coerced(
+    node: Node, field: str, value: Any, message: str
+) -> None:
+    response = node.post_steps([step(0, 0), {**step(1, 0), field: value}])
+    assert response.status_code == 422
+    details = response.json()["detail"]
+    assert any(d["field"] == f"events.1.{field}" and message in d["message"] for d in details)
+    assert response.json()["refused"] == [1]
+    assert node.training_state() == {}
+
+
+def test_whole_seconds_are_accepted_as_seconds(node: Node) -> None:
+    assert node.post_steps([step(0, 0, duration_s=2, compute_s=1)]).status_code == 202
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"events": [{"training_job": "j", "rank": 0, "rank": 5, "step": 0, "duration_s": 1}]}',
+        b'{"events": [], "events": [{"training_job": "j", "rank": 0, "step": 0, "duration_s": 1}]}',
+    ],
+)
+def test_duplicate_json_keys_are_refused(node: Node, body: bytes) -> None:
+    response = node.client.post("/v1/steps", content=body)
+    assert response.status_code == 422
+    assert "appears twice" in response.json()["detail"][0]["message"]
+    assert node.training_state() == {}
+
+
+def test_a_422_names_every_refused_event_so_the_rest_can_be_resent(node: Node) -> None:
+    events = [step(rank, 0) for rank in range(6)]
+    events[1]["duration_s"] = -1.0
+    events[4]["phase"] = "warmup"
+    response = node.post_steps(events)
+    assert response.status_code == 422
+    assert response.json()["refused"] == [1, 4]
+    rest = [event for index, event in enumerate(events) if index not in (1, 4)]
+    assert node.post_steps(rest).status_code == 202
+    assert node.value("gpufleet_training_steps_total", **STAGE0) == 4
+
+
+def test_a_refused_body_counts_what_was_parsed_never_a_guess(node: Node) -> None:
+    # Not JSON, yet full of "training_job": one refused request, not 50,000 events.
+    garbage = b'{"events": [' + b'{"training_job": "x", ' * 50_000
+    assert node.client.post("/v1/steps", content=garbage).status_code == 422
+    assert node.value("gpufleet_ingest_rejected_total", reason="invalid") == 1
+    # JSON with three events, one bad: three events refused.
+    node.post_steps([step(0, 0), step(1, 0), step(2, 0, duration_s=-1)])
+    assert node.value("gpufleet_ingest_rejected_total", reason="invalid") == 4
+
+
+def test_deeply_nested_json_is_a_422_not_a_500(node: Node) -> None:
+    response = node.client.post("/v1/steps", content=b"[" * 200_000 + b"]" * 200_000)
+    assert response.status_code == 422
+    assert "nested too deeply" in response.json()["detail"][0]["message"]
+
+
+def test_overlapping_parts_within_the_step_are_valid(node: Node) -> None:
+    # compute 0.7 s + exposed comm 0.3 s of a 1 s step (the overlapped comm is not in comm_wait_s)
+    event = step(0, 0, compute_s=0.7, comm_wait_s=0.3, data_wait_s=0.0)
+    assert node.post_steps([event]).status_code == 202
+
+
+def test_without_a_token_writes_from_beyond_loopback_are_refused() -> None:
+    for node in make_node(client_host="10.0.0.7"):
+        refused = node.post_steps([step(0, 0)])
+        assert refused.status_code == 403
+        detail = refused.json()["detail"]
+        assert "10.0.0.7" in detail and "--allow-unauthenticated-ingest" in detail
+        assert "--ingest-token-file" in detail
+        assert node.training_state() == {}
+        assert node.value("gpufleet_ingest_rejected_total", reason="unauthenticated") == 1
+        assert node.client.get("/metrics").status_code == 200  # scrapes need no token
+    for node in make_node(client_host="::1"):
+        assert node.post_steps([step(0, 0)]).status_code == 202
+    for node in make_node(client_host="10.0.0.7", allow_unauthenticated=True):
+        assert node.post_steps([step(0, 0)]).status_code == 202
+    for node in make_node(client_host="10.0.0.7", token="s3cret"):
+        authorised = node.client.post(
+            "/v1/steps", json={"events": [step(0, 0)]}, headers={"Authorization": "Bearer s3cret"}
+        )
+        assert authorised.status_code == 202
+
+
+# What the README states as the worst case at the default caps (README, "Bounds").
+DOCUMENTED_MAX_TRAINING_SERIES = 5000
+DOCUMENTED_MAX_SCRAPE_BYTES = 1_400_000
+
+
+def test_an_attack_at_every_cap_stays_within_the_documented_series_and_bytes() -> None:
+    for node in make_node():
+        limits = node.agent.training.limits
+        # The longest job names a client may send make the largest scrape.
+        jobs = [f"{j:02d}" + "j" * 126 for j in range(limits.max_jobs + 4)]
+        statuses: dict[int, int] = {}
+        for job in jobs:
+            for pp_stage in range(8):
+                at_cap = [
+                    step(rank, 0, training_job=job, pp_stage=pp_stage)
+                    for rank in range(limits.max_ranks_per_stage)
+                ]
+                one_more = step(limits.max_ranks_per_stage, 0, training_job=job, pp_stage=pp_stage)
+                for events in (at_cap[:8], at_cap, [one_more]):
+                    status = node.post_steps(events).status_code
+                    statuses[status] = statuses.get(status, 0) + 1
+            for op in ("save", "restore"):
+                node.post_checkpoints([{**_ckpt("begin", "c"), "training_job": job, "op": op}])
+        assert statuses.get(429, 0) > 0 and statuses.get(202, 0) > 0
+        text = node.client.get("/metrics").text
+        training = [
+            s
+            for family in text_string_to_metric_families(text)
+            if family.name.startswith(("gpufleet_training", "gpufleet_checkpoint"))
+            for s in family.samples
+        ]
+        exported = node.agent.training.series
+        assert len(training) == exported  # the series counter is exact
+        assert exported <= limits.max_series <= DOCUMENTED_MAX_TRAINING_SERIES
+        assert node.value("gpufleet_ingest_series") == exported
+        assert len(text.encode()) <= DOCUMENTED_MAX_SCRAPE_BYTES
+        for reason in ("rank_cap", "series_cap"):
+            assert (node.value("gpufleet_ingest_rejected_total", reason=reason) or 0) > 0, reason
+        print(f"series {exported}, scrape {len(text.encode())} bytes")

@@ -115,12 +115,14 @@ def client() -> Iterator[tuple[TestClient, Agent]]:
     frozen = 1_780_000_000.0
     agent = Agent(
         AgentSettings(
-            node="node-p", gpu_source="none", limits=IngestLimits(max_jobs=3, max_ranks=50)
+            node="node-p",
+            gpu_source="none",
+            limits=IngestLimits(max_jobs=3, max_ranks_per_stage=50),
         ),
         clock=lambda: frozen,
     )
     agent.open()
-    with TestClient(agent.asgi()) as test_client:
+    with TestClient(agent.asgi(), client=("127.0.0.1", 50000)) as test_client:
         yield test_client, agent
 
 

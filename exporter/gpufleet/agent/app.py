@@ -228,12 +228,12 @@ def serve(app: Any, host: str, port: int, log_level: str = "info") -> None:
     uvicorn.Server(config).run()
 
 
-def serve_agent(agent: Agent, log_level: str = "info") -> None:
-    """Run the agent's server until SIGINT/SIGTERM, under its connection limits."""
+def agent_server_config(agent: Agent, log_level: str = "info") -> Any:
+    """The uvicorn configuration of the agent: its app under its connection limits."""
     import uvicorn
 
     settings = agent.settings
-    config = uvicorn.Config(
+    return uvicorn.Config(
         agent.asgi(),
         host=settings.host,
         port=settings.port,
@@ -245,4 +245,10 @@ def serve_agent(agent: Agent, log_level: str = "info") -> None:
         timeout_keep_alive=int(settings.connections.keep_alive_s),
         timeout_graceful_shutdown=5,
     )
-    uvicorn.Server(config).run()
+
+
+def serve_agent(agent: Agent, log_level: str = "info") -> None:
+    """Run the agent's server until SIGINT/SIGTERM."""
+    import uvicorn
+
+    uvicorn.Server(agent_server_config(agent, log_level)).run()

@@ -258,6 +258,10 @@ class IngestApi:
             raise IngestRejectedError(
                 422, "invalid", [{"field": "body", "message": f"not valid JSON: {error}"}]
             ) from None
+        except RecursionError:
+            raise IngestRejectedError(
+                422, "invalid", [{"field": "body", "message": "the JSON is nested too deeply"}]
+            ) from None
         events = document.get("events") if isinstance(document, dict) else None
         parsed = len(events) if isinstance(events, list) else 1
         limit = self.aggregator.limits.max_batch_events
