@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import textwrap
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -247,3 +249,144 @@ def test_configuration_from_launcher_environment(monkeypatch: pytest.MonkeyPatch
     assert reporter.rank == 5
     assert (reporter._host, reporter._port) == ("10.1.2.3", 9999)
     assert reporter._headers["Authorization"] == "Bearer tok"
+
+
+def test_flush_never_reports_done_while_a_taken_batch_is_unsent(
+    serve_asgi: Callable[..., Any],
+) -> None:
+    _, url = start_agent(serve_asgi)
+    seen: list[bool] = []
+
+    class Observed(Reporter):
+        def _take(self) -> list[tuple[object, ...]]:
+            taken = super()._take()
+            # The buffer is empty now and nothing is sent yet: flush() must not say done.
+            seen.append(self.flush(timeout=0.0))
+            return taken
+
+    reporter = Observed(url, training_job="race", rank=0)
+    try:
+        reporter.record_step(1.0)
+        assert reporter.flush(10)
+    finally:
+        reporter.close()
+    assert seen and not any(seen)
+    assert reporter.sent == 1
+
+
+def test_overlapping_timings_are_clamped_so_the_step_is_kept(
+    serve_asgi: Callable[..., Any],
+) -> None:
+    agent, url = start_agent(serve_asgi)
+    reporter = Reporter(url, training_job="overlap", rank=0)
+    try:
+        # The all-reduce ran 0.5 s under a 0.9 s backward: only 0.05 s of it was exposed.
+        reporter.record_step(1.0, compute_s=0.9, data_wait_s=0.05, comm_wait_s=0.5)
+        assert reporter.flush(5)
+    finally:
+        reporter.close()
+    labels = {"training_job": "overlap"}
+    assert reporter.sent == 1 and reporter.rejected == 0
+    assert counter(agent, "gpufleet_training_steps_total", **labels) == 1
+    assert counter(agent, "gpufleet_training_compute_seconds_total", **labels) == 0.9
+    comm = counter(agent, "gpufleet_training_collective_wait_seconds_total", **labels)
+    assert comm == pytest.approx(0.05)
+
+
+def test_an_event_that_cannot_be_sent_costs_none_of_its_neighbours(
+    serve_asgi: Callable[..., Any],
+) -> None:
+    agent, url = start_agent(serve_asgi)
+    reporter = Reporter(url, training_job="one-bad", rank=0)
+    try:
+        reporter.record_step(1.0)
+        reporter.record_step(float("nan"))  # a broken timer
+        reporter.record_step(1.0, tokens=-5)
+        reporter.record_step(1.0)
+        assert reporter.flush(5)
+    finally:
+        reporter.close()
+    assert reporter.sent == 2 and reporter.invalid == 2
+    assert counter(agent, "gpufleet_training_steps_total", training_job="one-bad") == 2
+    # what the client dropped is visible on the agent, not only in the training log
+    assert counter(agent, "gpufleet_ingest_client_dropped_total") == 2
+
+
+def test_events_the_agent_refuses_are_dropped_alone_and_the_rest_resent(
+    serve_asgi: Callable[..., Any],
+) -> None:
+    agent, url = start_agent(serve_asgi)
+
+    class Skewed(Reporter):
+        # An agent stricter than this client (version skew): step 2 is refused there.
+        def _step_json(self, event: tuple[object, ...]) -> dict[str, object]:
+            payload = super()._step_json(event)
+            return {**payload, "rank": "0"} if payload["step"] == 2 else payload
+
+    reporter = Skewed(url, training_job="skew", rank=0)
+    try:
+        for n in range(5):
+            reporter.record_step(1.0, step=n)
+        assert reporter.flush(5)
+    finally:
+        reporter.close()
+    assert reporter.rejected == 1 and reporter.sent == 4
+    assert counter(agent, "gpufleet_training_steps_total", training_job="skew") == 4
+    assert counter(agent, "gpufleet_ingest_rejected_total", reason="invalid") == 5
+
+
+def test_the_largest_batch_the_client_sends_fits_what_the_agent_accepts() -> None:
+    from gpufleet.training import models
+    from gpufleet.training.aggregate import IngestLimits
+    from gpufleet.training.client import (
+        MAX_BATCH_EVENTS,
+        MAX_CHECKPOINT_BYTES,
+        MAX_CHECKPOINT_SECONDS,
+        MAX_RANK,
+        MAX_STEP_NUMBER,
+        MAX_STEP_SECONDS,
+        MAX_TOKENS_PER_STEP,
+    )
+
+    limits = IngestLimits()
+    assert limits.max_batch_events == MAX_BATCH_EVENTS
+    assert MAX_STEP_SECONDS == models.MAX_STEP_SECONDS
+    assert MAX_CHECKPOINT_SECONDS == models.MAX_CHECKPOINT_SECONDS
+    assert MAX_TOKENS_PER_STEP == models.MAX_TOKENS_PER_STEP
+    assert MAX_CHECKPOINT_BYTES == models.MAX_CHECKPOINT_BYTES
+    reporter = Reporter(
+        enabled=False,
+        training_job="j" * 128,
+        rank=MAX_RANK,
+        pp_stage=1023,
+        dp_rank=MAX_RANK,
+        batch_size=10**6,
+    )
+    assert reporter._batch_size == MAX_BATCH_EVENTS  # clamped to what the agent takes
+    longest = 1234.5678901234567  # 17 significant digits: the longest float repr here
+    step = reporter._step_json(
+        (
+            "s",
+            MAX_STEP_NUMBER,
+            longest,
+            longest / 3,
+            longest / 7,
+            longest / 11,
+            10**9 - 1,
+            "checkpoint",
+        )
+    )
+    checkpoint = reporter._checkpoint_json(
+        ("c", "restore", "end", "i" * 128, longest * 11, longest * 13, 10**15 - 1, False)
+    )
+    for event in (step, checkpoint):
+        body = json.dumps({"events": [event] * MAX_BATCH_EVENTS, "dropped": 2**40}).encode()
+        assert len(body) <= limits.max_body_bytes, len(body)
+
+
+def test_the_token_can_come_from_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GPUFLEET_INGEST_TOKEN", raising=False)
+    secret = tmp_path / "token"
+    secret.write_text("from-file\n")
+    monkeypatch.setenv("GPUFLEET_INGEST_TOKEN_FILE", str(secret))
+    assert Reporter(enabled=False)._headers["Authorization"] == "Bearer from-file"
