@@ -31,6 +31,12 @@ BENCHES: list[tuple[str, str, list[str], list[str] | None]] = [
         ["--rows", "0,10000", "--scrapes", "20", "--writes", "400"],
     ),
     (
+        "agent vs a hostile client",
+        "hostile_agent.py",
+        [],
+        ["--ingest-requests", "100", "--scrapes", "100"],
+    ),
+    (
         "rules at scale (512 nodes)",
         "simulate_scale.py",
         ["--skip-history", "--live-nodes", "512", "--warm-hours", "7"],
