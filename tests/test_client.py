@@ -363,25 +363,18 @@ def test_the_largest_batch_the_client_sends_fits_what_the_agent_accepts() -> Non
         batch_size=10**6,
     )
     assert reporter._batch_size == MAX_BATCH_EVENTS  # clamped to what the agent takes
-    longest = 1234.5678901234567  # 17 significant digits: the longest float repr here
+    # 22-character float reprs (17 digits and an exponent) are the longest JSON gives.
+    d, a, b, c = 9.876543210987654e-05, 1.2345678901234567e-05, 2.345678901234568e-05, 3.456e-05
     step = reporter._step_json(
-        (
-            "s",
-            MAX_STEP_NUMBER,
-            longest,
-            longest / 3,
-            longest / 7,
-            longest / 11,
-            10**9 - 1,
-            "checkpoint",
-        )
+        ("s", MAX_STEP_NUMBER, d, b, a, c + 1.23456789012e-09, 10**9 - 1, "checkpoint")
     )
     checkpoint = reporter._checkpoint_json(
-        ("c", "restore", "end", "i" * 128, longest * 11, longest * 13, 10**15 - 1, False)
+        ("c", "restore", "end", "i" * 128, a, b, 10**15 - 1, False)
     )
     for event in (step, checkpoint):
         body = json.dumps({"events": [event] * MAX_BATCH_EVENTS, "dropped": 2**40}).encode()
         assert len(body) <= limits.max_body_bytes, len(body)
+        print(f"largest client batch: {len(body)} bytes")
 
 
 def test_the_token_can_come_from_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
