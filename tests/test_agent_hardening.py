@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
+import sys
 import threading
 import urllib.request
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet.agent.app import Agent, AgentSettings
 from gpufleet.agent.connections import ConnectionLimits
-from gpufleet.devstack import free_port, wait_until
+from gpufleet.devstack import ManagedProcess, free_port, wait_until
 from gpufleet.training.aggregate import IngestLimits
 
 GENEROUS_S = 30.0
@@ -48,11 +51,14 @@ def get(port: int, path: str, timeout: float = GENEROUS_S) -> tuple[int, bytes]:
         return response.status, response.read()
 
 
-def post_steps(port: int, events: list[dict[str, Any]]) -> int:
+def post_steps(port: int, events: list[dict[str, Any]], token: str | None = None) -> int:
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
     request = urllib.request.Request(
         f"http://127.0.0.1:{port}/v1/steps",
         data=json.dumps({"events": events}).encode(),
-        headers={"Content-Type": "application/json"},
+        headers=headers,
     )
     try:
         with urllib.request.urlopen(request, timeout=GENEROUS_S) as response:
@@ -232,3 +238,27 @@ def test_a_scrape_in_progress_blocks_neither_ingest_nor_healthz(
         blocker.release.set()
         thread.join(GENEROUS_S)
     assert scrape["result"][0] == 200
+
+
+def test_the_agent_command_takes_its_token_from_a_file(tmp_path: Path) -> None:
+    secret = tmp_path / "ingest-token"
+    secret.write_text("from-a-secret\n")
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLEET_")}
+    env["GPUFLEET_INGEST_TOKEN_FILE"] = str(secret)
+    agent = ManagedProcess(
+        [
+            *(sys.executable, "-m", "gpufleet", "agent"),
+            *("--gpu-source", "none", "--listen", f"127.0.0.1:{port}"),
+        ],
+        tmp_path / "agent.log",
+        env,
+    )
+    agent.start()
+    try:
+        wait_until(lambda: get(port, "/readyz")[0] == 200, GENEROUS_S, what="the agent")
+        assert post_steps(port, [step(0, 0)]) == 401  # loopback, but a token is set
+        assert post_steps(port, [step(0, 0)], token="from-a-secret") == 202
+        assert "from-a-secret" not in " ".join(agent.argv)
+    finally:
+        agent.stop()

@@ -558,8 +558,11 @@ def test_without_a_token_writes_from_beyond_loopback_are_refused() -> None:
         assert node.training_state() == {}
         assert node.value("gpufleet_ingest_rejected_total", reason="unauthenticated") == 1
         assert node.client.get("/metrics").status_code == 200  # scrapes need no token
-    for node in make_node(client_host="::1"):
-        assert node.post_steps([step(0, 0)]).status_code == 202
+    for loopback in ("::1", "127.0.0.2", "::ffff:127.0.0.1"):
+        for node in make_node(client_host=loopback):
+            assert node.post_steps([step(0, 0)]).status_code == 202, loopback
+    for node in make_node(client_host="::ffff:10.0.0.7"):
+        assert node.post_steps([step(0, 0)]).status_code == 403
     for node in make_node(client_host="10.0.0.7", allow_unauthenticated=True):
         assert node.post_steps([step(0, 0)]).status_code == 202
     for node in make_node(client_host="10.0.0.7", token="s3cret"):

@@ -244,11 +244,25 @@ def agent_server_config(agent: Agent, log_level: str = "info") -> Any:
         lifespan="on",
         timeout_keep_alive=int(settings.connections.keep_alive_s),
         timeout_graceful_shutdown=5,
+        # The client address decides whether a write without a token is allowed: it must be
+        # the TCP peer, never what an X-Forwarded-For header claims.
+        proxy_headers=False,
     )
 
 
 def serve_agent(agent: Agent, log_level: str = "info") -> None:
     """Run the agent's server until SIGINT/SIGTERM."""
+    import resource
+
     import uvicorn
 
+    descriptors, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = agent.settings.connections.max_connections + 64  # + NVML, logs, the listener
+    if descriptors != resource.RLIM_INFINITY and descriptors < wanted:
+        log.warning(
+            "ulimit -n is %d, below --max-connections %d plus the agent's own files; raise it, "
+            "or a connection flood can exhaust descriptors before the cap cuts in",
+            descriptors,
+            agent.settings.connections.max_connections,
+        )
     uvicorn.Server(agent_server_config(agent, log_level)).run()

@@ -93,9 +93,12 @@ def _is_loopback(host: str | None) -> bool:
     if host is None:
         return False
     try:
-        return ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(host)
     except ValueError:
         return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback  # ::ffff:127.0.0.1 on a dual-stack listener
+    return address.is_loopback
 
 
 class IngestApi:
