@@ -202,6 +202,26 @@ def test_metrics_answers_when_idle_connections_fill_the_cap(
             connection.close()
 
 
+def test_metrics_answers_when_slow_bodies_fill_the_cap(serve_agent: Callable[..., Any]) -> None:
+    agent = make_agent(ConnectionLimits(max_connections=6))
+    serve_agent(agent)
+    port = agent.settings.port
+    slow = [connect(port) for _ in range(6)]
+    try:
+        for connection in slow:  # each holds an ingest body it never finishes
+            connection.sendall(
+                b"POST /v1/steps HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n{"
+            )
+        wait_until(lambda: agent.connections.open_connections >= 6, GENEROUS_S, what="6 open")
+        status, body = get(port, "/metrics")
+        assert status == 200 and b"gpufleet_agent_info" in body
+        assert agent.connections.closed()["evicted"] == 1
+        assert closed_by_server(slow[0])
+    finally:
+        for connection in slow:
+            connection.close()
+
+
 class BlockingCollector:
     """A collector that holds a render until released: a scrape that takes forever."""
 

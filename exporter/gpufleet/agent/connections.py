@@ -13,8 +13,10 @@ Prometheus's included. This guard, a subclass of uvicorn's httptools protocol
 - a header size limit (431);
 - a connection cap that gives priority to the newest connection: when it is
   reached, the oldest connection still waiting for a request head (idle, slow
-  or never used) is closed to make room. A scraper that connects gets in; the
-  connections an attacker keeps open are the ones that go.
+  or never used) is closed to make room, else the oldest one still sending a
+  body. Only a connection whose request is complete and being answered is never
+  cut. A scraper that connects gets in; the connections an attacker keeps open
+  are the ones that go.
 
 Every cut is counted in ``gpufleet_agent_connections_closed_total{reason}``.
 """
@@ -51,11 +53,17 @@ class ConnectionGuard:
     def opened(self, connection: GuardedHttpToolsProtocol) -> None:
         self._open[connection] = None
         if len(self._open) > self.limits.max_connections:
-            for candidate in self._open:
-                if candidate is not connection and candidate.idle:
-                    candidate.cut("evicted")
-                    return
-            connection.cut("over_limit")  # every other one is mid-request: refuse the newest
+            # Oldest first: the idle (or never used) ones, then those still sending a body.
+            for evictable in (_idle, _receiving_body):
+                for candidate in self._open:
+                    if (
+                        candidate is not connection
+                        and not candidate.transport.is_closing()  # cut, not yet gone
+                        and evictable(candidate)
+                    ):
+                        candidate.cut("evicted")
+                        return
+            connection.cut("over_limit")  # every other one is being answered: refuse the newest
 
     def lost(self, connection: GuardedHttpToolsProtocol) -> None:
         self._open.pop(connection, None)
@@ -81,6 +89,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.awaiting_head = True
+        self.receiving_body = False
         self._head_bytes = 0
         self._deadline: asyncio.TimerHandle | None = None
 
@@ -126,6 +135,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self.awaiting_head = False
+        self.receiving_body = True
         self._arm(self.guard.limits.body_timeout_s, "body_timeout")
         super().on_headers_complete()
 
@@ -134,6 +144,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         # then): from here on, what arrives is the next request's head.
         self._disarm()
         self.awaiting_head = True
+        self.receiving_body = False
         self._head_bytes = 0
         super().on_message_complete()
 
@@ -141,6 +152,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def idle(self) -> bool:
         """No request in progress and the next one's head not complete: safe to close."""
         return self.awaiting_head and (self.cycle is None or self.cycle.response_complete)
+
+
+def _idle(connection: GuardedHttpToolsProtocol) -> bool:
+    return connection.idle
+
+
+def _receiving_body(connection: GuardedHttpToolsProtocol) -> bool:
+    return connection.receiving_body
 
 
 def protocol_for(guard: ConnectionGuard) -> type[GuardedHttpToolsProtocol]:
