@@ -29,8 +29,10 @@ import json
 import os
 import resource
 import shutil
+import signal
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -161,6 +163,24 @@ class SlowConnections:
                 connection.close()
 
 
+def hold_slow_connections(port: int) -> int:
+    """The attacker's process: hold the slow connections until SIGTERM."""
+    slow = SlowConnections(port, SLOW_CONNECTIONS)
+    signal.signal(signal.SIGTERM, lambda *_: slow.stop.set())
+    slow.thread.start()
+    while slow.thread.is_alive():
+        slow.thread.join(0.5)
+    print(f"{slow.opened} opened in all, {slow.failed} failed to open")
+    return 0
+
+
+def open_connections(port: int) -> float:
+    for line in http_get(f"http://127.0.0.1:{port}/metrics").decode().splitlines():
+        if line.startswith("gpufleet_agent_connections "):
+            return float(line.split()[1])
+    return 0.0
+
+
 def _closed(connection: socket.socket) -> bool:
     try:
         return connection.recv(4096, socket.MSG_PEEK) == b""
@@ -177,7 +197,10 @@ def main() -> int:
     parser.add_argument(
         "--agent-pythonpath", help="run the agent from another checkout's exporter/ (a before)"
     )
+    parser.add_argument("--hold-slow", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.hold_slow:
+        return hold_slow_connections(args.hold_slow)
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     wanted = SLOW_CONNECTIONS + 512
@@ -321,20 +344,29 @@ def abused(
         connection.close()
         quiet_scrapes = [scrape(port)[0] for _ in range(args.scrapes)]
         rss["fresh_node"] = rss_mib(pid)
-        slow = SlowConnections(port, SLOW_CONNECTIONS)
-        slow.thread.start()
+        # The attacker runs in its own process, so that it never takes the GIL from the
+        # scraper being timed here.
+        attacker = subprocess.Popen(
+            [sys.executable, __file__, "--hold-slow", str(port)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         latencies: list[float] = []
         failures = 0
         try:
-            time.sleep(2.0)  # let the attacker open its connections (bounded, a bench)
+            wait_until(
+                lambda: open_connections(port) >= SLOW_CONNECTIONS // 2,
+                60,
+                what="the slow connections",
+            )
             for _ in range(args.scrapes):
                 try:
                     latencies.append(scrape(port)[0])
                 except OSError:
                     failures += 1
         finally:
-            slow.stop.set()
-            slow.thread.join(60)
+            attacker.terminate()
+            held, _ = attacker.communicate(timeout=60)
         rss["after_slow_connections"] = rss_mib(pid)
         closed = {
             line.split('reason="')[1].split('"')[0]: line.rsplit(" ", 1)[1]
@@ -344,7 +376,7 @@ def abused(
         print(
             f"\n3. /metrics of a real node ({args.scrapes} scrapes, a new connection each), "
             f"then again while {SLOW_CONNECTIONS} slow connections are held (idle / slow "
-            f"header / slow body; {slow.opened} opened in all, {slow.failed} failed to open)"
+            f"header / slow body, reopened as they are cut; {held.strip()})"
         )
         print(f"   {'':24} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
         for name, samples in (

@@ -16,14 +16,18 @@ import threading
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet.agent.app import Agent, AgentSettings
-from gpufleet.agent.connections import ConnectionLimits
+from gpufleet.agent.connections import (
+    ConnectionGuard,
+    ConnectionLimits,
+    GuardedHttpToolsProtocol,
+)
 from gpufleet.devstack import ManagedProcess, free_port, wait_until
 from gpufleet.training.aggregate import IngestLimits
 
@@ -282,3 +286,45 @@ def test_the_agent_command_takes_its_token_from_a_file(tmp_path: Path) -> None:
         assert "from-a-secret" not in " ".join(agent.argv)
     finally:
         agent.stop()
+
+
+class FakeConnection:
+    """What the guard reads of a connection: its peer, its state, and a way to cut it."""
+
+    def __init__(self, peer: str, idle: bool = True, receiving_body: bool = False) -> None:
+        self.peer = peer
+        self.idle = idle
+        self.receiving_body = receiving_body
+        self.cut_for: str | None = None
+        self.transport = self
+
+    def is_closing(self) -> bool:
+        return self.cut_for is not None
+
+    def cut(self, reason: str) -> None:
+        self.cut_for = reason
+
+
+def test_over_the_cap_the_victim_comes_from_the_address_holding_the_most() -> None:
+    guard = ConnectionGuard(ConnectionLimits(max_connections=5))
+
+    def open_one(connection: FakeConnection) -> FakeConnection:
+        guard.opened(cast(GuardedHttpToolsProtocol, connection))
+        return connection
+
+    prometheus = open_one(FakeConnection("10.0.0.1"))  # idle between scrapes, and oldest
+    flood = [open_one(FakeConnection("10.9.9.9")) for _ in range(4)]
+    newcomer = open_one(FakeConnection("10.0.0.1"))
+    assert prometheus.cut_for is None and newcomer.cut_for is None
+    assert flood[0].cut_for == "evicted"  # the flood's oldest, not the oldest overall
+    guard.lost(cast(GuardedHttpToolsProtocol, flood[0]))
+    for connection in flood[1:]:  # the flood's others are mid-body, then being answered
+        connection.idle, connection.receiving_body = False, True
+    open_one(FakeConnection("10.0.0.2"))
+    assert flood[1].cut_for == "evicted"
+    guard.lost(cast(GuardedHttpToolsProtocol, flood[1]))
+    for connection in [*flood[2:], prometheus, newcomer]:
+        connection.idle = connection.receiving_body = False  # every request being answered
+    refused = open_one(FakeConnection("10.0.0.3"))
+    assert refused.cut_for == "over_limit"
+    assert all(c.cut_for is None for c in [*flood[2:], prometheus, newcomer])

@@ -12,11 +12,11 @@ Prometheus's included. This guard, a subclass of uvicorn's httptools protocol
   the ingest handler then sees a disconnect and counts it;
 - a header size limit (431);
 - a connection cap that gives priority to the newest connection: when it is
-  reached, the oldest connection still waiting for a request head (idle, slow
-  or never used) is closed to make room, else the oldest one still sending a
-  body. Only a connection whose request is complete and being answered is never
-  cut. A scraper that connects gets in; the connections an attacker keeps open
-  are the ones that go.
+  reached, a connection of the client address holding the most is closed to
+  make room: its oldest one still waiting for a request head (idle, slow or
+  never used), else its oldest one still sending a body. A connection whose
+  request is complete and being answered is never cut. A scraper that connects
+  gets in; the connections a flood keeps open are the ones that go.
 
 Every cut is counted in ``gpufleet_agent_connections_closed_total{reason}``.
 """
@@ -42,31 +42,45 @@ class ConnectionLimits:
 
 
 class ConnectionGuard:
-    """Shared by every connection of one server: the open set, in opening order."""
+    """Shared by every connection of one server: the open ones per client address, in
+    opening order."""
 
     def __init__(self, limits: ConnectionLimits | None = None) -> None:
         self.limits = limits or ConnectionLimits()
-        self._open: dict[GuardedHttpToolsProtocol, None] = {}  # insertion-ordered set
+        # client address -> its open connections (an insertion-ordered set)
+        self._open: dict[str, dict[GuardedHttpToolsProtocol, None]] = {}
+        self._count = 0
         self._lock = threading.Lock()  # the counters are read by scrapes in another thread
         self._closed: Counter[str] = Counter()
 
     def opened(self, connection: GuardedHttpToolsProtocol) -> None:
-        self._open[connection] = None
-        if len(self._open) > self.limits.max_connections:
-            # Oldest first: the idle (or never used) ones, then those still sending a body.
-            for evictable in (_idle, _receiving_body):
-                for candidate in self._open:
-                    if (
-                        candidate is not connection
-                        and not candidate.transport.is_closing()  # cut, not yet gone
-                        and evictable(candidate)
-                    ):
-                        candidate.cut("evicted")
-                        return
-            connection.cut("over_limit")  # every other one is being answered: refuse the newest
+        self._open.setdefault(connection.peer, {})[connection] = None
+        self._count += 1
+        if self._count <= self.limits.max_connections:
+            return
+        # The victim comes from the address holding the most connections (a flood's, not
+        # Prometheus's one): its oldest idle or never-used one, else its oldest still
+        # sending a body. A request being answered is never cut.
+        heaviest = max(self._open.values(), key=len)
+        for evictable in (_idle, _receiving_body):
+            for candidate in heaviest:
+                if (
+                    candidate is not connection
+                    and not candidate.transport.is_closing()  # cut, not yet gone
+                    and evictable(candidate)
+                ):
+                    candidate.cut("evicted")
+                    return
+        connection.cut("over_limit")
 
     def lost(self, connection: GuardedHttpToolsProtocol) -> None:
-        self._open.pop(connection, None)
+        mine = self._open.get(connection.peer)
+        if mine is None or connection not in mine:
+            return
+        del mine[connection]
+        self._count -= 1
+        if not mine:
+            del self._open[connection.peer]
 
     def count(self, reason: str) -> None:
         with self._lock:
@@ -74,7 +88,7 @@ class ConnectionGuard:
 
     @property
     def open_connections(self) -> int:
-        return len(self._open)
+        return self._count
 
     def closed(self) -> dict[str, int]:
         with self._lock:
@@ -90,6 +104,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self.awaiting_head = True
         self.receiving_body = False
+        self.peer = ""
         self._head_bytes = 0
         self._deadline: asyncio.TimerHandle | None = None
 
@@ -116,6 +131,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self.peer = self.client[0] if self.client else ""
         self._arm(self.guard.limits.header_timeout_s, "header_timeout")
         self.guard.opened(self)
 
