@@ -226,6 +226,19 @@ def test_metrics_answers_when_slow_bodies_fill_the_cap(serve_agent: Callable[...
             connection.close()
 
 
+def test_beyond_the_concurrent_ingest_limit_a_request_gets_503_and_is_counted(
+    serve_agent: Callable[..., Any],
+) -> None:
+    agent = make_agent(limits=IngestLimits(max_concurrent_requests=1))
+    serve_agent(agent)
+    port = agent.settings.port
+    with connect(port) as holder:  # its body never completes: it holds the one slot
+        holder.sendall(b"POST /v1/steps HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n{")
+        wait_until(lambda: post_steps(port, [step(0, 0)]) == 503, GENEROUS_S, what="a 503")
+        assert sample(port, "gpufleet_ingest_rejected_total", reason="busy") == 1
+    wait_until(lambda: post_steps(port, [step(0, 0)]) == 202, GENEROUS_S, what="the slot back")
+
+
 class BlockingCollector:
     """A collector that holds a render until released: a scrape that takes forever."""
 

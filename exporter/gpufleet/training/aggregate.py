@@ -67,6 +67,9 @@ class IngestLimits:
     # its largest such batch is 1.77 MiB (a test measures it), hence 2 MiB.
     max_batch_events: int = 4096
     max_body_bytes: int = 2 * 1024 * 1024
+    # Requests read and parsed at once (503 beyond, which the client retries): memory for
+    # bodies stays below this many times max_body_bytes however many connections send.
+    max_concurrent_requests: int = 16
     rank_window_s: float = 120.0
     slowest_rank_wait_s: float = 10.0
     checkpoint_timeout_s: float = 6 * 3600.0

@@ -33,9 +33,6 @@ from gpufleet.training.models import CheckpointBatch, FinishedBatch, StepBatch
 
 BatchT = TypeVar("BatchT", StepBatch, CheckpointBatch, FinishedBatch)
 _MAX_ERRORS_SHOWN = 10
-# Requests whose bodies are read and parsed at once; memory stays below this many
-# times the body limit however many connections send.
-DEFAULT_MAX_CONCURRENT_INGEST = 16
 
 
 class IngestRejectedError(Exception):
@@ -108,12 +105,11 @@ class IngestApi:
         token: str | None = None,
         *,
         allow_unauthenticated: bool = False,
-        max_concurrent: int = DEFAULT_MAX_CONCURRENT_INGEST,
     ) -> None:
         self.aggregator = aggregator
         self._token = token.encode() if token else None
         self._allow_unauthenticated = allow_unauthenticated
-        self._max_concurrent = max_concurrent
+        self._max_concurrent = aggregator.limits.max_concurrent_requests
         self._busy = 0  # requests being read or parsed (all on the event loop: no lock)
 
     def router(self) -> APIRouter:
