@@ -14,7 +14,12 @@ shared machine, so read them as orders of magnitude, not as a tight figure.
    next to the same ingest with no scrape running.
 3. /metrics latency, a new connection per scrape (the worst case for a scraper),
    while 1,000 slow connections are held open and reopened as the agent cuts
-   them: idle ones, slow headers, slow bodies (target p99 <= 20 ms).
+   them: idle ones, slow headers, slow bodies (target p99 <= 20 ms). A patient
+   attacker reopens at most 200 connections a second; a flood as fast as it
+   can (a connect flood: its cost is the accept rate, which only the network
+   layer can cap). The attacker connects from 127.0.0.1; the scraper from
+   127.0.0.2 (another loopback address: Prometheus runs on another host than a
+   flood), and, for comparison, from 127.0.0.1 too (the attacker's address).
 
 RSS of the agent after each phase.
 
@@ -44,6 +49,8 @@ from gpufleet.devstack import ManagedProcess, free_port, http_get, wait_until
 from gpufleet.devstack import process_rss_mib as rss_mib
 
 SLOW_CONNECTIONS = 1000
+PROMETHEUS = "127.0.0.2"  # the scraper's source address: another host than the flood
+FLOOD = "127.0.0.1"
 BATCH = 4096
 
 
@@ -62,9 +69,20 @@ def post(connection: http.client.HTTPConnection, events: list[dict[str, object]]
     return response.status
 
 
-def scrape(port: int) -> tuple[float, bytes]:
+def scrape(port: int, source: str | None = None) -> tuple[float, bytes]:
+    """One scrape on a new connection; ``source``: the local address to connect from."""
     started = time.perf_counter()
-    body = http_get(f"http://127.0.0.1:{port}/metrics", timeout=60)
+    connection = http.client.HTTPConnection(
+        "127.0.0.1", port, timeout=60, source_address=(source, 0) if source else None
+    )
+    try:
+        connection.request("GET", "/metrics")
+        response = connection.getresponse()
+        body = response.read()
+        if response.status != 200:
+            raise OSError(f"/metrics answered {response.status}")
+    finally:
+        connection.close()
     return time.perf_counter() - started, body
 
 
@@ -129,9 +147,10 @@ class SlowConnections:
         b"Content-Length: 2000000\r\n\r\n" + b'{"events": [',  # a body that never ends
     )
 
-    def __init__(self, port: int, count: int) -> None:
+    def __init__(self, port: int, count: int, rate: float) -> None:
         self.port = port
         self.count = count
+        self.rate = rate  # reopened connections per second at most; 0: as fast as it can
         self.stop = threading.Event()
         self.opened = 0
         self.failed = 0
@@ -151,31 +170,89 @@ class SlowConnections:
 
     def _run(self) -> None:
         held: list[socket.socket | None] = [self._open(n % 3) for n in range(self.count)]
-        while not self.stop.wait(0.5):
+        tick = 0.25
+        while not self.stop.wait(tick):
+            budget = self.rate * tick if self.rate else len(held)
             for index, connection in enumerate(held):
+                if budget < 1:
+                    break
                 if connection is not None and not _closed(connection):
                     continue
                 if connection is not None:
                     connection.close()
                 held[index] = self._open(index % 3)
+                budget -= 1
         for connection in held:
             if connection is not None:
                 connection.close()
 
 
-def hold_slow_connections(port: int) -> int:
+def hold_slow_connections(port: int, rate: float) -> int:
     """The attacker's process: hold the slow connections until SIGTERM."""
-    slow = SlowConnections(port, SLOW_CONNECTIONS)
+    slow = SlowConnections(port, SLOW_CONNECTIONS, rate)
     signal.signal(signal.SIGTERM, lambda *_: slow.stop.set())
+    started = time.monotonic()
     slow.thread.start()
     while slow.thread.is_alive():
         slow.thread.join(0.5)
-    print(f"{slow.opened} opened in all, {slow.failed} failed to open")
+    elapsed = time.monotonic() - started
+    print(
+        f"{slow.opened} opened in {elapsed:.0f} s, {slow.opened / elapsed:.0f}/s; "
+        f"{slow.failed} failed to open"
+    )
     return 0
 
 
+def under_attack(
+    port: int, rate: float, seconds: float
+) -> tuple[dict[str, list[float]], Counter[str], str, dict[str, str]]:
+    """Scrape from both addresses while the attacker (its own process, so that it never
+    takes the GIL from the scraper timed here) holds its slow connections."""
+    before = closed_connections(port)
+    attacker = subprocess.Popen(
+        [sys.executable, __file__, "--hold-slow", str(port), "--reopen-rate", str(rate)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    latencies: dict[str, list[float]] = {PROMETHEUS: [], FLOOD: []}
+    failures: Counter[str] = Counter()
+    try:
+        wait_until(lambda: open_connections(port) >= 60, 60, what="the slow connections")
+        ends = time.monotonic() + seconds  # long enough for the deadlines to cut some
+        while time.monotonic() < ends:
+            for source in (PROMETHEUS, FLOOD):
+                try:
+                    latencies[source].append(scrape(port, source)[0])
+                except OSError:
+                    failures[source] += 1
+            time.sleep(0.05)
+    finally:
+        attacker.terminate()
+        held, _ = attacker.communicate(timeout=60)
+    after = closed_connections(port)
+    closed = {k: f"{v - before.get(k, 0):.0f}" for k, v in after.items()}
+    return latencies, failures, held.strip(), closed
+
+
+def report_row(name: str, samples: list[float], failed: int) -> None:
+    if samples:
+        print(
+            f"   {name:52} {statistics.median(samples) * 1e3:8.2f} "
+            f"{percentile(samples, 0.99) * 1e3:8.2f} {max(samples) * 1e3:8.2f} {failed:7d}"
+        )
+
+
+def closed_connections(port: int) -> dict[str, float]:
+    return {
+        line.split('reason="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+        for line in scrape(port, PROMETHEUS)[1].decode().splitlines()
+        if line.startswith("gpufleet_agent_connections_closed_total{")
+    }
+
+
 def open_connections(port: int) -> float:
-    for line in http_get(f"http://127.0.0.1:{port}/metrics").decode().splitlines():
+    # From the scraper's address: the attacker's is over its share while the attack runs.
+    for line in scrape(port, PROMETHEUS)[1].decode().splitlines():
         if line.startswith("gpufleet_agent_connections "):
             return float(line.split()[1])
     return 0.0
@@ -197,10 +274,12 @@ def main() -> int:
     parser.add_argument(
         "--agent-pythonpath", help="run the agent from another checkout's exporter/ (a before)"
     )
+    parser.add_argument("--slow-seconds", type=float, default=20.0, help="per attacker")
     parser.add_argument("--hold-slow", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    parser.add_argument("--reopen-rate", type=float, default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.hold_slow:
-        return hold_slow_connections(args.hold_slow)
+        return hold_slow_connections(args.hold_slow, args.reopen_rate)
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     wanted = SLOW_CONNECTIONS + 512
@@ -344,57 +423,29 @@ def abused(
         connection.close()
         quiet_scrapes = [scrape(port)[0] for _ in range(args.scrapes)]
         rss["fresh_node"] = rss_mib(pid)
-        # The attacker runs in its own process, so that it never takes the GIL from the
-        # scraper being timed here.
-        attacker = subprocess.Popen(
-            [sys.executable, __file__, "--hold-slow", str(port)],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        latencies: list[float] = []
-        failures = 0
-        try:
-            wait_until(
-                lambda: open_connections(port) >= SLOW_CONNECTIONS // 2,
-                60,
-                what="the slow connections",
-            )
-            for _ in range(args.scrapes):
-                try:
-                    latencies.append(scrape(port)[0])
-                except OSError:
-                    failures += 1
-        finally:
-            attacker.terminate()
-            held, _ = attacker.communicate(timeout=60)
-        rss["after_slow_connections"] = rss_mib(pid)
-        closed = {
-            line.split('reason="')[1].split('"')[0]: line.rsplit(" ", 1)[1]
-            for line in http_get(f"http://127.0.0.1:{port}/metrics").decode().splitlines()
-            if line.startswith("gpufleet_agent_connections_closed_total{")
-        }
         print(
-            f"\n3. /metrics of a real node ({args.scrapes} scrapes, a new connection each), "
-            f"then again while {SLOW_CONNECTIONS} slow connections are held (idle / slow "
-            f"header / slow body, reopened as they are cut; {held.strip()})"
+            f"\n3. /metrics of a real node ({args.scrapes} scrapes, a new connection each); then "
+            f"for {args.slow_seconds:.0f} s per attacker, a scrape every 50 ms from each "
+            f"address, while an attacker on {FLOOD} holds {SLOW_CONNECTIONS} slow connections "
+            "(idle / slow header / slow body) and reopens those the agent cuts"
         )
-        print(f"   {'':24} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
-        for name, samples in (
-            ("no slow connections", quiet_scrapes),
-            ("1,000 slow ones", latencies),
-        ):
-            if samples:
-                print(
-                    f"   {name:24} {statistics.median(samples) * 1e3:8.2f} "
-                    f"{percentile(samples, 0.99) * 1e3:8.2f} {max(samples) * 1e3:8.2f}"
-                )
-        print(f"   scrapes that failed under the slow connections: {failures}")
-        print(f"   connections the agent cut, by reason: {closed}")
+        print(f"   {'':52} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'failed':>7}")
+        report_row("no slow connections", quiet_scrapes, 0)
         figures["metrics_p99_quiet_ms"] = f"{percentile(quiet_scrapes, 0.99) * 1e3:.2f}"
-        figures["metrics_p99_under_slow_ms"] = (
-            f"{percentile(latencies, 0.99) * 1e3:.2f}" if latencies else "nan"
-        )
-        figures["metrics_failed_under_slow"] = str(failures)
+        for name, rate in (("patient", 200.0), ("flood", 0.0)):
+            latencies, failures, held, closed = under_attack(port, rate, args.slow_seconds)
+            pace = f"at most {rate:.0f}/s a tick" if rate else "as fast as it can"
+            print(f"   {name} attacker (reopens {pace}; {held}); cut by reason: {closed}")
+            for source in (PROMETHEUS, FLOOD):
+                label = f"  scraper on {source}" + (" (the attacker's)" if source == FLOOD else "")
+                report_row(label, latencies[source], failures[source])
+                key = f"metrics_{name}_{'other' if source == PROMETHEUS else 'same'}_address"
+                samples = latencies[source]
+                figures[f"{key}_p99_ms"] = (
+                    f"{percentile(samples, 0.99) * 1e3:.2f}" if samples else "nan"
+                )
+                figures[f"{key}_failed"] = str(failures[source])
+            rss[f"after_{name}_attacker"] = rss_mib(pid)
     finally:
         agent.stop()
 

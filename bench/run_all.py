@@ -34,7 +34,7 @@ BENCHES: list[tuple[str, str, list[str], list[str] | None]] = [
         "agent vs a hostile client",
         "hostile_agent.py",
         [],
-        ["--ingest-requests", "100", "--scrapes", "100"],
+        ["--ingest-requests", "100", "--scrapes", "100", "--slow-seconds", "15"],
     ),
     (
         "rules at scale (512 nodes)",

@@ -318,6 +318,23 @@ class FakeConnection:
         self.cut_for = reason
 
 
+def test_one_address_never_holds_more_than_its_share(serve_agent: Callable[..., Any]) -> None:
+    agent = make_agent(ConnectionLimits(max_connections_per_client=3))
+    serve_agent(agent)
+    port = agent.settings.port
+    held = [connect(port) for _ in range(3)]
+    try:
+        wait_until(lambda: agent.connections.open_connections == 3, GENEROUS_S, what="3 open")
+        with connect(port) as fourth:
+            assert closed_by_server(fourth)
+        assert agent.connections.closed()["over_client_limit"] >= 1
+        assert agent.connections.open_connections == 3  # the three held are untouched
+    finally:
+        for connection in held:
+            connection.close()
+    wait_until(lambda: get(port, "/healthz")[0] == 200, GENEROUS_S, what="room again")
+
+
 def test_over_the_cap_the_victim_comes_from_the_address_holding_the_most() -> None:
     guard = ConnectionGuard(ConnectionLimits(max_connections=5))
 

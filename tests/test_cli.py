@@ -53,6 +53,7 @@ def test_every_flag_has_an_environment_variable(monkeypatch: pytest.MonkeyPatch)
         GPUFLEET_MAX_BATCH_EVENTS="1000",
         GPUFLEET_MAX_BODY_BYTES="500000",
         GPUFLEET_MAX_CONNECTIONS="100",
+        GPUFLEET_MAX_CONNECTIONS_PER_CLIENT="10",
     )
     assert values == {
         "listen": ("127.0.0.1", 9999),
@@ -74,6 +75,7 @@ def test_every_flag_has_an_environment_variable(monkeypatch: pytest.MonkeyPatch)
         "max_batch_events": 1000,
         "max_body_bytes": 500000,
         "max_connections": 100,
+        "max_connections_per_client": 10,
     }
     assert {option.env for option in AGENT_OPTIONS} == {
         "GPUFLEET_LISTEN",
@@ -95,6 +97,7 @@ def test_every_flag_has_an_environment_variable(monkeypatch: pytest.MonkeyPatch)
         "GPUFLEET_MAX_BATCH_EVENTS",
         "GPUFLEET_MAX_BODY_BYTES",
         "GPUFLEET_MAX_CONNECTIONS",
+        "GPUFLEET_MAX_CONNECTIONS_PER_CLIENT",
     }
 
 

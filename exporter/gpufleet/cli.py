@@ -276,6 +276,13 @@ AGENT_OPTIONS = (
         "HTTP connections held open; beyond it the oldest idle one is closed",
     ),
     _Option(
+        "--max-connections-per-client",
+        "GPUFLEET_MAX_CONNECTIONS_PER_CLIENT",
+        _positive_int,
+        "64",
+        "HTTP connections one client address may hold",
+    ),
+    _Option(
         "--log-level",
         "GPUFLEET_LOG_LEVEL",
         _choice("debug", "info", "warning", "error"),
@@ -425,7 +432,10 @@ def _run_agent(namespace: argparse.Namespace) -> int:
             max_batch_events=values["max_batch_events"],
             max_body_bytes=values["max_body_bytes"],
         ),
-        connections=ConnectionLimits(max_connections=values["max_connections"]),
+        connections=ConnectionLimits(
+            max_connections=values["max_connections"],
+            max_connections_per_client=values["max_connections_per_client"],
+        ),
     )
     agent = Agent(settings)
     try:

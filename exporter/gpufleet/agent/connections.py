@@ -11,12 +11,14 @@ Prometheus's included. This guard, a subclass of uvicorn's httptools protocol
 - a body deadline: the body must arrive within ``body_timeout_s`` of its head;
   the ingest handler then sees a disconnect and counts it;
 - a header size limit (431);
-- a connection cap that gives priority to the newest connection: when it is
-  reached, a connection of the client address holding the most is closed to
-  make room: its oldest one still waiting for a request head (idle, slow or
-  never used), else its oldest one still sending a body. A connection whose
-  request is complete and being answered is never cut. A scraper that connects
-  gets in; the connections a flood keeps open are the ones that go.
+- a share per client address: a connection beyond it is closed at once, before
+  uvicorn sets anything up, so a flood from one host never crowds out
+  Prometheus and costs the agent as little as an accept can;
+- a total cap that gives priority to the newest connection: over it, a
+  connection of the address holding the most is closed to make room, its oldest
+  one still waiting for a request head (idle, slow or never used), else its
+  oldest one still sending a body. A connection whose request is complete and
+  being answered is never cut, so a scraper that connects gets in.
 
 Every cut is counted in ``gpufleet_agent_connections_closed_total{reason}``.
 """
@@ -35,6 +37,8 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 @dataclass(frozen=True, slots=True)
 class ConnectionLimits:
     max_connections: int = 512
+    # One client address (a flood's) never holds more; a node's ranks need one each.
+    max_connections_per_client: int = 64
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
     max_header_bytes: int = 16 * 1024
@@ -53,25 +57,34 @@ class ConnectionGuard:
         self._lock = threading.Lock()  # the counters are read by scrapes in another thread
         self._closed: Counter[str] = Counter()
 
+    def admits(self, peer: str) -> bool:
+        """Whether a new connection from ``peer`` is within that address's share."""
+        return len(self._open.get(peer, ())) < self.limits.max_connections_per_client
+
     def opened(self, connection: GuardedHttpToolsProtocol) -> None:
         self._open.setdefault(connection.peer, {})[connection] = None
         self._count += 1
-        if self._count <= self.limits.max_connections:
-            return
-        # The victim comes from the address holding the most connections (a flood's, not
-        # Prometheus's one): its oldest idle or never-used one, else its oldest still
-        # sending a body. A request being answered is never cut.
-        heaviest = max(self._open.values(), key=len)
+        if self._count > self.limits.max_connections:
+            # From the address holding the most connections (a flood's, not Prometheus's).
+            self._make_room(max(self._open.values(), key=len), connection)
+
+    def _make_room(
+        self,
+        among: dict[GuardedHttpToolsProtocol, None],
+        newcomer: GuardedHttpToolsProtocol,
+    ) -> None:
+        # The oldest idle or never-used connection, else the oldest still sending a body;
+        # a request being answered is never cut. Failing those, the newcomer is refused.
         for evictable in (_idle, _receiving_body):
-            for candidate in heaviest:
+            for candidate in among:
                 if (
-                    candidate is not connection
+                    candidate is not newcomer
                     and not candidate.transport.is_closing()  # cut, not yet gone
                     and evictable(candidate)
                 ):
                     candidate.cut("evicted")
                     return
-        connection.cut("over_limit")
+        newcomer.cut("over_limit")
 
     def lost(self, connection: GuardedHttpToolsProtocol) -> None:
         mine = self._open.get(connection.peer)
@@ -105,6 +118,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self.awaiting_head = True
         self.receiving_body = False
         self.peer = ""
+        self._refused = False
         self._head_bytes = 0
         self._deadline: asyncio.TimerHandle | None = None
 
@@ -130,12 +144,22 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self.transport.close()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        peer = transport.get_extra_info("peername")
+        self.peer = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        if not self.guard.admits(self.peer):
+            # Over its address's share: refused before uvicorn sets anything up, the cheapest
+            # answer to a flood (whose every connection costs an accept here).
+            self._refused = True
+            self.guard.count("over_client_limit")
+            transport.close()
+            return
         super().connection_made(transport)
-        self.peer = self.client[0] if self.client else ""
         self._arm(self.guard.limits.header_timeout_s, "header_timeout")
         self.guard.opened(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._refused:
+            return  # uvicorn never knew this connection
         self._disarm()
         self.guard.lost(self)
         super().connection_lost(exc)
