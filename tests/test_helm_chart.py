@@ -474,8 +474,4 @@ def test_every_gpufleet_variable_the_chart_sets_is_one_the_cli_reads() -> None:
         - hooks
         - {option.env for option in AGENT_OPTIONS}
     )
-    # The agent-hardening change adds these two; until it is merged they are unknown here.
-    pending = {"GPUFLEET_INGEST_TOKEN_FILE", "GPUFLEET_ALLOW_UNAUTHENTICATED_INGEST"}
-    if unknown_agent and unknown_agent <= pending:
-        pytest.xfail(f"the agent does not read {sorted(unknown_agent)} yet")
     assert not unknown_agent
