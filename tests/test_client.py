@@ -383,3 +383,21 @@ def test_the_token_can_come_from_a_file(tmp_path: Path, monkeypatch: pytest.Monk
     secret.write_text("from-file\n")
     monkeypatch.setenv("GPUFLEET_INGEST_TOKEN_FILE", str(secret))
     assert Reporter(enabled=False)._headers["Authorization"] == "Bearer from-file"
+
+
+@pytest.mark.parametrize(
+    ("identity", "message"),
+    [
+        ({"rank": -1}, "rank=-1"),
+        ({"pp_stage": 4096}, "pp_stage=4096"),
+        ({"dp_rank": -2}, "dp_rank"),
+    ],
+)
+def test_an_identity_the_agent_would_refuse_disables_the_client_loudly(
+    identity: dict[str, int], message: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("ERROR", logger="gpufleet.client"):
+        reporter = Reporter("http://127.0.0.1:9", training_job="bad-id", **identity)
+    assert not reporter.enabled
+    assert message in caplog.text and "disabled" in caplog.text
+    reporter.record_step(1.0)  # a no-op, never a raise
