@@ -77,7 +77,7 @@ def test_the_ledger_takes_its_token_from_a_file_for_writes_and_reads(tmp_path: P
     ("argv", "env", "message"),
     [
         (["--token", "a", "--token-file", "x"], {}, "set --token or --token-file, not both"),
-        (["--token-file", "EMPTY"], {}, "the file is empty"),
+        (["--token-file", "EMPTY"], {}, "is empty"),
         (["--token-file", "MISSING"], {}, "No such file"),
         (["--read-token-file", "MISSING"], {}, "--read-token-file"),
         (["--idempotency-window", "5m"], {}, "between 1 hour and 365 days"),

@@ -293,7 +293,7 @@ def test_the_client_reads_a_token_file_and_names_a_missing_one(
     monkeypatch.setenv("GPUFLEET_FLEET_TOKEN_FILE", str(secret))
     assert LedgerClient("http://127.0.0.1:1").token == "s3cret"
     monkeypatch.setenv("GPUFLEET_FLEET_TOKEN_FILE", str(tmp_path / "missing"))
-    with pytest.raises(LedgerError, match="cannot read the token file"):
+    with pytest.raises(LedgerError, match="token file: cannot read"):
         LedgerClient("http://127.0.0.1:1")
 
 

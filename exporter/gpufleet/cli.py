@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet import __version__
+from gpufleet.secrets import SecretFileError, read_secret_file
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -393,12 +394,9 @@ def ingest_token(token_file: str | None) -> str | None:
             "GPUFLEET_INGEST_TOKEN are set; keep one"
         )
     try:
-        token = Path(token_file).read_text(encoding="utf-8").strip()
-    except OSError as error:
-        raise ConfigError(f"--ingest-token-file: cannot read {token_file!r}: {error}") from None
-    if not token:
-        raise ConfigError(f"--ingest-token-file: {token_file!r} is empty")
-    return token
+        return read_secret_file(token_file)
+    except SecretFileError as error:
+        raise ConfigError(f"--ingest-token-file: {error}") from None
 
 
 def _run_agent(namespace: argparse.Namespace) -> int:
@@ -473,13 +471,9 @@ def _secret(values: dict[str, Any], name: str) -> str | None:
     if not path:
         return str(direct) if direct else None
     try:
-        with open(path, encoding="utf-8") as handle:
-            token = handle.read().strip()
-    except OSError as error:
-        raise ConfigError(f"--{flag}-file {path}: {error.strerror}") from None
-    if not token:
-        raise ConfigError(f"--{flag}-file {path}: the file is empty")
-    return token
+        return read_secret_file(path)
+    except SecretFileError as error:
+        raise ConfigError(f"--{flag}-file: {error}") from None
 
 
 def _run_fleet(namespace: argparse.Namespace) -> int:
@@ -587,7 +581,6 @@ def _run_exclusions_top(namespace: argparse.Namespace) -> int:
 
 
 def _run_report(namespace: argparse.Namespace) -> int:
-    from pathlib import Path
 
     from gpufleet.fleet.client import LedgerError
     from gpufleet.fleet.report import (
@@ -661,7 +654,6 @@ def _run_nvml_record(namespace: argparse.Namespace) -> int:
 
 def _run_simulate(namespace: argparse.Namespace) -> int:
     import time
-    from pathlib import Path
 
     from gpufleet.simulate.config import ScenarioError, load_scenario, scenario_names
 
@@ -752,7 +744,6 @@ def _listen_flag(text: str) -> tuple[str, int]:
 
 
 def _run_demo(namespace: argparse.Namespace) -> int:
-    from pathlib import Path
 
     from gpufleet.demo import run_demo
 

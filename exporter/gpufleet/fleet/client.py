@@ -12,6 +12,8 @@ import urllib.request
 import uuid
 from typing import Any
 
+from gpufleet.secrets import SecretFileError, read_secret_file
+
 DEFAULT_URL = "http://127.0.0.1:9406"
 _NEXT = re.compile(r'<([^>]*)>\s*;\s*rel="next"')
 
@@ -19,13 +21,9 @@ _NEXT = re.compile(r'<([^>]*)>\s*;\s*rel="next"')
 def token_from_file(path: str) -> str:
     """The token in ``path`` (a mounted Secret), without the trailing newline editors add."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            token = handle.read().strip()
-    except OSError as error:
-        raise LedgerError(f"cannot read the token file {path}: {error.strerror}") from None
-    if not token:
-        raise LedgerError(f"the token file {path} is empty")
-    return token
+        return read_secret_file(path)
+    except SecretFileError as error:
+        raise LedgerError(f"the token file: {error}") from None
 
 
 def default_token() -> str | None:
