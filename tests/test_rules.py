@@ -39,7 +39,7 @@ def test_promtool_checks_every_rule_file() -> None:
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
-    assert len(RULE_FILES) == 5
+    assert len(RULE_FILES) == 6
 
 
 def vmalert_dry_run(files: list[Path]) -> subprocess.CompletedProcess[str]:

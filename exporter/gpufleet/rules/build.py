@@ -1020,6 +1020,7 @@ def rule_files(config: RulesConfig | None = None) -> list[RuleFile]:
         RuleFile("training", [*training_recording(config), training_alerts(config)]),
         RuleFile("checkpoint", checkpoint_groups(config)),
         RuleFile("reliability", reliability_groups(config)),
+        RuleFile("dashboards", [dashboard_support_group(config)]),
     ]
 
 
@@ -1037,3 +1038,49 @@ def as_document(rule_file: RuleFile, config: RulesConfig) -> dict[str, Any]:
             for group in rule_file.groups
         ]
     }
+
+
+# -- dashboard support ---------------------------------------------------------------------
+# Recorded only for dashboards/ (exporter/gpufleet/dashboards/): what a panel would
+# otherwise compute over every GPU or every node on each refresh. No alert reads them.
+def dashboard_support_group(config: RulesConfig) -> Group:
+    gpus, agent, fleet = config.gpu_selector, config.agent_selector, config.fleet_selector
+    w = config.rate_window
+    month = "30d"
+    exclusions = metric("gpufleet_fleet_node_exclusions_total", fleet)
+    saves = metric("gpufleet_checkpoint_operations_total", agent, 'op="save"')
+    phases = "\n  or ".join(
+        f"label_replace(rate({metric(f'gpufleet_training_{name}_seconds_total', agent)}[{w}]), "
+        f'"phase", "{phase}", "", "")'
+        for phase, name in (
+            ("compute", "compute"),
+            ("collective_wait", "collective_wait"),
+            ("data_wait", "data_wait"),
+        )
+    )
+    rules: list[Record | Alert] = [
+        Record(
+            "node:gpufleet_gpus_reporting:count",
+            f"count by (node) (\n  {with_node(metric('DCGM_FI_DEV_GPU_TEMP', gpus))}\n)",
+        ),
+        Record("fleet:DCGM_FI_DEV_GPU_UTIL:avg", f"avg({metric('DCGM_FI_DEV_GPU_UTIL', gpus)})"),
+        Record(
+            "fleet:DCGM_FI_DEV_POWER_USAGE:sum", f"sum({metric('DCGM_FI_DEV_POWER_USAGE', gpus)})"
+        ),
+        Record(
+            f"node:gpufleet_training_phase_seconds_per_step:rate{w}",
+            f"sum by ({NODE_STAGE}, phase) (\n  {phases}\n)\n"
+            f"/ on ({NODE_STAGE}) group_left ()\n"
+            f"sum by ({NODE_STAGE}) (rate({metric('gpufleet_training_steps_total', agent)}[{w}]))",
+        ),
+        Record(
+            f"reason:gpufleet_fleet_exclusions:increase{month}",
+            f"sum by (reason) ({exclusions} - ({exclusions} offset {month} or {exclusions} * 0))",
+        ),
+        # Seconds between a node's saves, averaged over the job's saving nodes.
+        Record(
+            "job:gpufleet_checkpoint_interval_seconds:rate1h",
+            f"1 / avg by (training_job) (sum by (training_job, node) (rate({saves}[1h])) > 0)",
+        ),
+    ]
+    return Group("gpufleet-dashboard-support", rules)

@@ -56,6 +56,17 @@ _NODE_TRAINING = (
     ("gpufleet_training_last_step_timestamp_seconds", "", "gauge", "last_step_time"),
     ("gpufleet_training_ranks", "", "gauge", "ranks"),
 )
+# Per-GPU gauges written with ``gpu_gauges`` (what the node dashboard draws).
+GPU_GAUGES = (
+    "DCGM_FI_DEV_GPU_UTIL",
+    "DCGM_FI_PROF_SM_ACTIVE",
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+    "DCGM_FI_DEV_GPU_TEMP",
+    "DCGM_FI_DEV_MEMORY_TEMP",
+    "DCGM_FI_DEV_POWER_USAGE",
+    "DCGM_FI_DEV_SM_CLOCK",
+    "DCGM_FI_DEV_MEM_CLOCK",
+)
 _NODE_CHECKPOINT = (
     ("gpufleet_checkpoint_queue_wait_seconds", "_total", "counter", "ckpt_queue"),
     ("gpufleet_checkpoint_service_seconds", "_total", "counter", "ckpt_service"),
@@ -101,7 +112,12 @@ class _Recorder:
     """Per-tick values of the written series, for the nodes of one shard."""
 
     def __init__(
-        self, cluster: Cluster, nodes: list[int], ticks: int, every_gpu: bool = False
+        self,
+        cluster: Cluster,
+        nodes: list[int],
+        ticks: int,
+        every_gpu: bool = False,
+        gpu_gauges: bool = False,
     ) -> None:
         self.cluster = cluster
         self.nodes = nodes
@@ -110,6 +126,10 @@ class _Recorder:
         count = len(nodes)
         self.up = np.full((ticks, count), np.nan)
         self.gpu_up = np.full((ticks, count, cluster.gpus), np.nan)
+        self.gauges = {
+            name: np.full((ticks, count, cluster.gpus), np.nan)
+            for name in (GPU_GAUGES if gpu_gauges else ())
+        }
         self.seen = np.full((ticks, count), np.nan)
         self.collector_up = np.full((ticks, count), np.nan)
         self.node_series = {
@@ -142,6 +162,12 @@ class _Recorder:
         gpu_up = (~cluster.gpu_lost[nodes] & ~hung[:, None]).astype(float)
         gpu_up[~alive] = np.nan
         self.gpu_up[tick] = gpu_up
+        if self.gauges:
+            for column, node in enumerate(nodes):
+                for gpu in np.flatnonzero(gpu_up[column] == 1).tolist():
+                    values = cluster.gpu_values(node, gpu)
+                    for name, array in self.gauges.items():
+                        array[tick, column, gpu] = values[name]
         self.seen[tick] = np.where(alive, np.nansum(gpu_up, axis=1), np.nan)
         self.collector_up[tick] = np.where(alive, (~hung).astype(float), np.nan)
         training = cluster.training
@@ -235,6 +261,11 @@ def _write_shard(recorder: _Recorder, path: Path) -> int:
                     _gpu_labels(cluster, node, gpu),
                     recorder.gpu_up[:, column, gpu],
                 )
+        for name, gauge in recorder.gauges.items():
+            out.family(name, "gauge", f"dcgm-exporter's {name}.")
+            for column, node in enumerate(recorder.nodes):
+                for gpu in range(cluster.gpus):
+                    out.series(name, _gpu_labels(cluster, node, gpu), gauge[:, column, gpu])
         for family, array in (
             ("gpufleet_gpus_seen", recorder.seen),
             ("gpufleet_gpus_expected", None),
@@ -322,12 +353,12 @@ def _write_shard(recorder: _Recorder, path: Path) -> int:
 
 
 def _shard_job(
-    arguments: tuple[Scenario, int, float, float, float, list[int], str, bool],
+    arguments: tuple[Scenario, int, float, float, float, list[int], str, bool, bool],
 ) -> int:
-    scenario, seed, start, end, step, nodes, path, every_gpu = arguments
+    scenario, seed, start, end, step, nodes, path, every_gpu, gpu_gauges = arguments
     cluster = Cluster(scenario, seed, start, end - start)
     ticks = int((end - start) // step)
-    recorder = _Recorder(cluster, nodes, ticks, every_gpu)
+    recorder = _Recorder(cluster, nodes, ticks, every_gpu, gpu_gauges)
     for tick in range(ticks):
         cluster.advance(start + (tick + 1) * step)
         recorder.record()
@@ -344,11 +375,13 @@ def write_history(
     step: float = 30.0,
     shards: int = 2,
     every_gpu: bool = False,
+    gpu_gauges: bool = False,
 ) -> HistoryResult:
     """Simulate ``days`` ending at ``end`` (default: now) and write OpenMetrics + ground truth.
 
     ``every_gpu`` writes the error counters and throttle flags of every GPU, also the
     healthy ones (constant zeros): what a live Prometheus holds, for measuring rule cost.
+    ``gpu_gauges`` adds every GPU's utilisation, activity, temperatures, power and clocks.
     """
     started = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
@@ -359,7 +392,7 @@ def write_history(
     groups = [list(range(nodes))[index::shards] for index in range(shards)]
     paths = [out / f"history-{index:02d}.om" for index in range(shards)]
     jobs = [
-        (scenario, seed, start, end, step, group, str(path), every_gpu)
+        (scenario, seed, start, end, step, group, str(path), every_gpu, gpu_gauges)
         for group, path in zip(groups, paths, strict=True)
     ]
     if shards == 1:

@@ -1,0 +1,1 @@
+"""Grafana dashboards built from code (grafana-foundation-sdk) on the rules' own config."""

@@ -1,0 +1,161 @@
+"""Checkpoint I/O: queue wait against service time, the queue-wait share, per-node save and
+restore durations, bytes/s, concurrent writers against queue wait, time since the last save."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.models import dashboard as dm
+
+from gpufleet.dashboards.common import (
+    Grid,
+    dashboard,
+    query_variable,
+    quoted,
+    sel,
+    stat_panel,
+    table_panel,
+    target,
+    targets,
+    thresholds,
+    timeseries_panel,
+)
+from gpufleet.dashboards.names import Recorded
+from gpufleet.rules.config import RulesConfig
+
+UID = "gpufleet-checkpoint"
+JOB = 'training_job="$training_job"'
+
+
+def build(config: RulesConfig) -> dm.Dashboard:
+    r = Recorded.of(config)
+    job = sel(JOB)
+    raw = sel(config.agent_selector, JOB)
+
+    def rate(name: str, by: str) -> str:
+        return f"sum by ({by}) (rate({name}{{{raw}}}[$__rate_interval]))"
+
+    queue = "gpufleet_checkpoint_queue_wait_seconds_total"
+    service = "gpufleet_checkpoint_service_seconds_total"
+    ops = "gpufleet_checkpoint_operations_total"
+    grid = Grid()
+    grid.add(
+        timeseries_panel(
+            "Queue wait vs service time per operation",
+            "Mean seconds a checkpoint operation waited in the storage client's queue and "
+            "was being served, over the last hour. At scale the wait, not the write, dominates.",
+            "s",
+            targets(
+                (f"{r.queue_wait_per_op}{{{job}}}", "{{op}} queued"),
+                (f"{r.seconds_per_op}{{{job}}} - {r.queue_wait_per_op}{{{job}}}", "{{op}} served"),
+            ),
+            stacked=True,
+        ),
+        12,
+        8,
+    )
+    grid.add(
+        timeseries_panel(
+            "Queue-wait share",
+            f"Share of checkpoint time spent queued over {config.checkpoint_window}. "
+            f"GpuFleetCheckpointQueueBound pages above {config.checkpoint_queue_share:g} with at "
+            f"least {config.checkpoint_min_writers} writers.",
+            "percentunit",
+            targets((f"{r.queue_share}{{{job}}}", "{{training_job}}")),
+            limit_at=config.checkpoint_queue_share,
+        ),
+        12,
+        8,
+    )
+    grid.add(
+        timeseries_panel(
+            "Save / restore duration per node",
+            "Seconds per checkpoint operation on each node (queued + served), in the "
+            f"intervals where it checkpointed. Budgets: save {config.checkpoint_save_budget_s:g} s, "
+            f"restore {config.checkpoint_restore_budget_s:g} s.",
+            "s",
+            targets(
+                (
+                    f"({rate(queue, 'node, op')} + {rate(service, 'node, op')})\n/ {rate(ops, 'node, op')}",
+                    "{{node}} {{op}}",
+                )
+            ),
+            bars=True,
+        ),
+        12,
+        8,
+    )
+    grid.add(
+        timeseries_panel(
+            "Checkpoint bytes/s per node",
+            "Checkpoint bytes each node wrote or read per second.",
+            "Bps",
+            targets((rate("gpufleet_checkpoint_bytes_total", "node, op"), "{{node}} {{op}}")),
+            stacked=True,
+        ),
+        12,
+        8,
+    )
+    grid.add(
+        timeseries_panel(
+            "Concurrent writers vs queue wait",
+            "Checkpoint operations in flight across the job against the queue wait they "
+            "accumulate per second: queueing appears only once many nodes write at once.",
+            "short",
+            targets(
+                (
+                    f"sum by (training_job) (gpufleet_checkpoint_in_flight{{{raw}}})",
+                    "writers in flight",
+                ),
+                (rate(queue, "training_job"), "queue wait (s/s)"),
+                (f"{r.writers}{{{job}}}", "nodes that wrote in " + config.checkpoint_window),
+            ),
+        ),
+        12,
+        8,
+    )
+    saved = sel(config.agent_selector, JOB, "op=" + quoted("save"), "outcome=" + quoted("ok"))
+    grid.add(
+        stat_panel(
+            "Time since the last successful save",
+            "Per job, how long ago any node last completed a checkpoint save (5-minute resolution).",
+            "s",
+            [
+                target(
+                    f"time() - max by (training_job) (max_over_time(\n"
+                    f"  (timestamp(changes({ops}{{{saved}}}[5m]) > 0))[1d:5m]\n))",
+                    "{{training_job}}",
+                )
+            ],
+            steps=thresholds((None, "green"), (2 * 3600, "orange"), (6 * 3600, "red")),
+        ),
+        12,
+        8,
+    )
+    grid.add(
+        table_panel(
+            "Checkpoint writers per job",
+            f"Nodes that checkpointed within {config.checkpoint_window}, and the queue-wait "
+            "share they saw.",
+            "short",
+            [
+                target(f"{r.writers}{{{sel()}}}", instant=True, ref="A"),
+                target(f"{r.queue_share}{{{sel()}}}", instant=True, ref="B"),
+            ],
+            link_node=False,
+        ),
+        12,
+        8,
+    )
+    return dashboard(
+        UID,
+        "gpufleet / Checkpoint I/O",
+        "Where checkpoint time goes: queued for storage or being written, and how that "
+        "grows with the number of writers.",
+        [
+            query_variable(
+                "training_job",
+                "Training job",
+                f"label_values(gpufleet_checkpoint_operations_total{{{sel(config.agent_selector)}}}, training_job)",
+            )
+        ],
+        grid,
+    )

@@ -1,0 +1,250 @@
+"""One node (the ``node`` variable): every GPU signal per GPU, its health score and the
+signals behind it, its training time by stage, its checkpoint I/O, its exclusions.
+
+GPU series come from gpufleet's agent or dcgm-exporter, labelled ``Hostname`` (or
+``hostname``); panels derive ``node`` from them with the rules' own ``with_node``, so no
+panel selects on either spelling.
+"""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.models import dashboard as dm
+
+from gpufleet.dashboards.common import (
+    Grid,
+    dashboard,
+    query_variable,
+    sel,
+    table_panel,
+    target,
+    targets,
+    timeseries_panel,
+)
+from gpufleet.dashboards.names import Recorded
+from gpufleet.rules.build import Record, health_recording, with_node
+from gpufleet.rules.config import RulesConfig
+
+UID = "gpufleet-node"
+NODE = 'node="$node"'
+GPU_LEGEND = "{{node}} GPU {{gpu}}"
+
+
+def this_node(config: RulesConfig, name: str, by: str = "node, gpu", wrap: str = "") -> str:
+    """``name`` for the chosen node's chosen GPUs, labelled by ``node``."""
+    series = f"{name}{{{sel(config.gpu_selector, 'gpu=~' + chr(34) + '$gpu' + chr(34))}}}"
+    if wrap:
+        series = wrap.format(series)
+    return (
+        f"max by ({by}) (\n  {with_node(series)}\n"
+        f'  and on (node) label_replace(vector(1), "node", "$node", "", "")\n)'
+    )
+
+
+def build(config: RulesConfig) -> dm.Dashboard:
+    r = Recorded.of(config)
+    grid = Grid()
+    # The signals the score sums, named by the rules that record them.
+    signals = "\nor ".join(
+        f'label_replace({rule.record}{{{sel(NODE)}}}, "signal", "{rule.record.rsplit(":", 1)[1]}", "", "")'
+        for rule in health_recording(config).rules
+        if isinstance(rule, Record) and ":gpufleet_health_signal:" in rule.record
+    )
+
+    def gpu_panel(
+        title: str, description: str, unit: str, *signals: tuple[str, str], wrap: str = ""
+    ) -> None:
+        queries = targets(
+            *((this_node(config, name, wrap=wrap), legend) for name, legend in signals)
+        )
+        grid.add(timeseries_panel(title, description, unit, queries), 8, 7)
+
+    increase = "increase({}[$__rate_interval])"
+    gpu_panel(
+        "GPU utilisation",
+        "Percent of time a kernel ran, per GPU.",
+        "percent",
+        ("DCGM_FI_DEV_GPU_UTIL", GPU_LEGEND),
+    )
+    gpu_panel(
+        "SM and tensor activity",
+        "Share of cycles with an SM busy and with a tensor pipe busy (profiling fields; "
+        "absent where the GPU or driver lacks them).",
+        "percentunit",
+        ("DCGM_FI_PROF_SM_ACTIVE", GPU_LEGEND + " SM"),
+        ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", GPU_LEGEND + " tensor"),
+    )
+    gpu_panel(
+        "Temperatures",
+        "GPU die and HBM temperature.",
+        "celsius",
+        ("DCGM_FI_DEV_GPU_TEMP", GPU_LEGEND),
+        ("DCGM_FI_DEV_MEMORY_TEMP", GPU_LEGEND + " memory"),
+    )
+    gpu_panel("Power", "Power draw per GPU.", "watt", ("DCGM_FI_DEV_POWER_USAGE", GPU_LEGEND))
+    gpu_panel(
+        "Clocks",
+        "SM and memory clocks: a clock held low is a slow GPU.",
+        "rotmhz",
+        ("DCGM_FI_DEV_SM_CLOCK", GPU_LEGEND + " SM"),
+        ("DCGM_FI_DEV_MEM_CLOCK", GPU_LEGEND + " memory"),
+    )
+    grid.add(
+        timeseries_panel(
+            "Throttling by reason",
+            "1 while a reason holds the GPU's clocks down (gpufleet's per-reason flags; on "
+            "dcgm-exporter only the hardware reasons, decoded from its bitmask). A hardware "
+            f"slowdown held {config.hw_slowdown_for} pages (GpuFleetHwSlowdown).",
+            "short",
+            targets(
+                (
+                    this_node(config, "gpufleet_gpu_clock_throttle_active", "node, gpu, reason")
+                    + f"\nor {r.hw_slowdown}{{{sel(NODE)}}}",
+                    GPU_LEGEND + " {{reason}}",
+                ),
+            ),
+        ),
+        8,
+        7,
+    )
+    gpu_panel(
+        "ECC errors",
+        "Single- and double-bit volatile ECC errors per interval. Any "
+        "double-bit error pages (GpuFleetEccUncorrectable).",
+        "short",
+        ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", GPU_LEGEND + " single-bit"),
+        ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", GPU_LEGEND + " double-bit"),
+        wrap=increase,
+    )
+    gpu_panel(
+        "Row remapping",
+        "Rows remapped for correctable and uncorrectable errors, and the pending / "
+        f"failed flags. {config.remaps_climbing_min} correctable remaps in "
+        f"{config.remaps_climbing_window} page (GpuFleetCorrectableRemapsClimbing).",
+        "short",
+        ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", GPU_LEGEND + " correctable"),
+        ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", GPU_LEGEND + " uncorrectable"),
+        ("DCGM_FI_DEV_ROW_REMAP_PENDING", GPU_LEGEND + " pending"),
+        ("DCGM_FI_DEV_ROW_REMAP_FAILURE", GPU_LEGEND + " failed"),
+    )
+    gpu_panel(
+        "NVLink errors",
+        "NVLink CRC, replay and recovery errors per interval.",
+        "short",
+        ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", GPU_LEGEND + " CRC flit"),
+        ("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", GPU_LEGEND + " CRC data"),
+        ("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", GPU_LEGEND + " replay"),
+        ("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", GPU_LEGEND + " recovery"),
+        wrap=increase,
+    )
+    gpu_panel(
+        "PCIe replays",
+        f"PCIe packet replays per interval; {config.pcie_replays_min} in "
+        f"{config.pcie_window} page (GpuFleetPcieReplays).",
+        "short",
+        ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", GPU_LEGEND),
+        wrap=increase,
+    )
+    grid.add(
+        timeseries_panel(
+            "XIDs",
+            f"GPUs of this node that reported each XID within {config.xid_window}.",
+            "short",
+            targets((f"{r.xid_new}{{{sel(NODE)}}}", GPU_LEGEND + " XID {{xid}}")),
+            bars=True,
+        ),
+        8,
+        7,
+    )
+    gpu_panel(
+        "GPU answering (gpufleet_gpu_up)",
+        "1 while NVML answers for the GPU; 0 is a lost GPU (GpuFleetGpuLost).",
+        "short",
+        ("gpufleet_gpu_up", GPU_LEGEND),
+    )
+    grid.add(
+        timeseries_panel(
+            "Health score and its signals",
+            "The node's health score: each weak warning sign adds "
+            f"{config.health_signal_weight:g}; at {config.health_threshold:g} for "
+            f"{config.health_for} it pages (GpuFleetNodeHealthDegraded). The legend names the signals.",
+            "short",
+            targets(
+                (f"{r.health}{{{sel(NODE)}}}", "{{node}} score"),
+                (signals, "{{node}} {{signal}}"),
+            ),
+            limit_at=config.health_threshold,
+        ),
+        12,
+        8,
+    )
+    grid.add(
+        timeseries_panel(
+            "Training time by stage",
+            "Seconds per step this node spends computing, waiting on collectives and waiting "
+            "on the data loader, per pipeline stage and job.",
+            "s",
+            targets(
+                (
+                    f"{r.phase_per_step}{{{sel(NODE)}}}",
+                    "{{node}} {{phase}} ({{training_job}} stage {{pp_stage}})",
+                )
+            ),
+            stacked=True,
+        ),
+        12,
+        8,
+    )
+    ckpt = sel(config.agent_selector, NODE)
+    grid.add(
+        timeseries_panel(
+            "Checkpoint I/O",
+            "Seconds per second this node's checkpoints spend queued for storage and being "
+            "served, per operation.",
+            "s",
+            targets(
+                (
+                    f"sum by (node, op) (rate(gpufleet_checkpoint_queue_wait_seconds_total{{{ckpt}}}[$__rate_interval]))",
+                    "{{node}} {{op}} queued",
+                ),
+                (
+                    f"sum by (node, op) (rate(gpufleet_checkpoint_service_seconds_total{{{ckpt}}}[$__rate_interval]))",
+                    "{{node}} {{op}} served",
+                ),
+            ),
+            stacked=True,
+        ),
+        12,
+        8,
+    )
+    grid.add(
+        table_panel(
+            "Exclusion history",
+            "How often the fleet ledger excluded this node, by reason and by who "
+            "(auto: the job launcher; manual: an operator), and whether it is excluded now.",
+            "short",
+            [
+                target(
+                    f"sum by (node, reason, source) (gpufleet_fleet_node_exclusions_total{{{sel(config.fleet_selector, NODE)}}})",
+                    instant=True,
+                )
+            ],
+            sort_by="Value",
+        ),
+        12,
+        8,
+    )
+    return dashboard(
+        UID,
+        "gpufleet / Node",
+        "One node: every GPU signal, its health score, training time, checkpoint I/O and exclusions.",
+        [
+            query_variable("node", "Node", f"label_values({r.node_gpus}{{{sel()}}}, node)"),
+            query_variable(
+                "gpu",
+                "GPU",
+                f"label_values(DCGM_FI_DEV_GPU_TEMP{{{sel(config.gpu_selector)}}}, gpu)",
+                include_all=True,
+            ),
+        ],
+        grid,
+    )
