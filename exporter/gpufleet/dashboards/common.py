@@ -178,6 +178,8 @@ def table_panel(
         .datasource(DATASOURCE)
         .targets(list(queries))
         .show_header(True)
+        .align(common.FieldTextAlignment.AUTO)
+        .inspect(False)
         .cell_height(common.TableCellHeight.SM)
         .with_transformation(
             dm.DataTransformerConfig(id_val="merge" if len(queries) > 1 else "organize", options={})
@@ -218,6 +220,7 @@ def heatmap_panel(
             .steps(64)
         )
         .cell_gap(1)
+        .scale_distribution(cb.ScaleDistributionConfig().type(common.ScaleDistribution.LINEAR))
         .y_axis(heatmap.YAxisConfig().unit(unit))
     )
 
