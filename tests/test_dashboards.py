@@ -149,7 +149,7 @@ def lint(boards: dict[str, dict[str, Any]], workdir: Path) -> list[str]:
             for window in rate_windows(expr):
                 if window != "$__rate_interval":
                     problem("target-rate-interval", f"{where}: [{window}]")
-        problems += [f"{name}: {text}" for text in unparsable(queries(board), workdir)]
+        problems.extend(f"{name}: {text}" for text in unparsable(queries(board), workdir))
     return problems
 
 
