@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-8)-$(
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: help venv binaries deploy-tools test pytest lint format check-generated generate demo \
-	bench bench-detect bench-detect-quick node-exporter clean
+	bench bench-detect bench-detect-quick node-exporter clean dashboard-previews
 
 help:
 	@echo "make demo             run agent + Prometheus + Alertmanager locally (Ctrl-C stops)"
@@ -19,6 +19,7 @@ help:
 	@echo "make test             lint, generated-file check and the whole test suite"
 	@echo "make lint             ruff + mypy --strict"
 	@echo "make check-generated  fail if a generated file differs from what the code makes"
+	@echo "make dashboard-previews  draw every dashboard's panels from a simulated cluster (docs/dashboards/)"
 	@echo "make bench            every benchmark, headline figures in one table (~25 min)"
 	@echo "make bench-detect     detection benchmark: 256 nodes x 3 days x 3 seeds (~1 h)"
 	@echo "make bench-detect-quick  small detection benchmark (under 3 min)"
@@ -75,18 +76,25 @@ format: venv
 	$(VENV)/bin/ruff check --fix exporter tests bench
 	$(VENV)/bin/ruff format exporter tests bench
 
-GENERATED := alerts helm/gpufleet/files
+GENERATED := alerts dashboards helm/gpufleet/files
 
-# Rule files come from exporter/gpufleet/rules/; never edit them by hand. The chart
-# carries copies of the rules and dashboards (helm/gpufleet/files/), refreshed last.
+# Rule files come from exporter/gpufleet/rules/, dashboards from exporter/gpufleet/dashboards/;
+# never edit them by hand. The chart carries copies of the rules and dashboards
+# (helm/gpufleet/files/), refreshed last.
 generate: venv
 	$(PY) -m gpufleet.rules --out alerts
+	$(PY) -m gpufleet.dashboards --out dashboards
 	$(PY) -m gpufleet.chart
 
 check-generated: generate
 	@git diff --exit-code --stat -- $(GENERATED) && \
 	  test -z "$$(git status --porcelain --untracked-files=all -- $(GENERATED))" || { \
 	  echo "generated files differ from the code: run 'make generate' and commit"; exit 1; }
+
+# PNG previews of the dashboards' data (no Grafana here): the simulated scenario of the
+# dashboard tests, every panel queried from a real Prometheus, drawn in its grid layout.
+dashboard-previews: venv binaries
+	$(PY) -m gpufleet.dashboards.preview --out docs/dashboards
 
 demo: venv binaries
 	$(VENV)/bin/gpufleet demo --workdir .demo
