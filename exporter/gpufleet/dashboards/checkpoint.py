@@ -141,6 +141,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
                 target(f"{r.queue_share}{{{sel()}}}", instant=True, ref="B"),
             ],
             link_node=False,
+            columns=("nodes writing", "queue-wait share"),
         ),
         12,
         8,

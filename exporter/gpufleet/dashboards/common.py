@@ -113,7 +113,7 @@ def timeseries_panel(
         .targets(list(queries))
         .line_width(1)
         .fill_opacity(30 if stacked or bars else 8)
-        .show_points(common.VisibilityMode.NEVER)
+        .show_points(common.VisibilityMode.AUTO)
         .legend(
             cb.VizLegendOptions()
             .display_mode(common.LegendDisplayMode.LIST)
@@ -168,6 +168,7 @@ def table_panel(
     link_node: bool = True,
     sort_by: str | None = None,
     descending: bool = True,
+    columns: Sequence[str] = (),
 ) -> table.Panel:
     """An instant table; rows link to the node dashboard when they have a ``node``."""
     panel = (
@@ -196,6 +197,13 @@ def table_panel(
                 )
             ],
         )
+    # Name the value columns: "Value #A" means nothing to the reader.
+    for index, name in enumerate(columns):
+        column = "Value" if len(queries) == 1 else f"Value #{chr(ord('A') + index)}"
+        panel = panel.override_by_name(
+            column, [dm.DynamicConfigValue(id_val="displayName", value=name)]
+        )
+    sort_by = sort_by or (columns[0] if columns else None)
     if sort_by is not None:
         panel = panel.sort_by([cb.TableSortByFieldState().display_name(sort_by).desc(descending)])
     return panel

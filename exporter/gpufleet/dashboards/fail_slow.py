@@ -69,7 +69,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
                 target(f"sort_desc({ratio})", instant=True, ref="A"),
                 target(f"{r.compute_zscore}{{{job_stage}}}", instant=True, ref="B"),
             ],
-            sort_by="Value #A",
+            columns=("ratio to stage median", "robust z-score"),
         ).thresholds(limit(config.straggler_ratio)),
         8,
         9,
@@ -83,13 +83,13 @@ def build(config: RulesConfig) -> dm.Dashboard:
             "s",
             [
                 target(
-                    f"{r.phase_per_step}{{{sel(JOB, STAGE, 'phase=' + quoted(p))}}}",
+                    f"sum without (phase) ({r.phase_per_step}{{{sel(JOB, STAGE, 'phase=' + quoted(p))}}})",
                     instant=True,
                     ref=chr(ord("A") + i),
                 )
                 for i, p in enumerate(("compute", "collective_wait", "data_wait"))
             ],
-            sort_by="Value #A",
+            columns=("compute s/step", "collective wait s/step", "data wait s/step"),
         ),
         8,
         9,

@@ -228,7 +228,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
                     instant=True,
                 )
             ],
-            sort_by="Value",
+            columns=("exclusions",),
         ),
         12,
         8,

@@ -92,7 +92,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
                     instant=True,
                 )
             ],
-            sort_by="Value",
+            columns=("health score",),
         ).thresholds(limit(config.health_threshold)),
         8,
         8,
@@ -112,7 +112,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
                     ref="B",
                 ),
             ],
-            sort_by="Value #A",
+            columns=("ratio to stage median", "robust z-score"),
         ).thresholds(limit(config.straggler_ratio)),
         8,
         8,

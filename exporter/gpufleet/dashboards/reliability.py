@@ -17,7 +17,6 @@ from gpufleet.dashboards.common import (
     target,
     targets,
     thresholds,
-    timeseries_panel,
 )
 from gpufleet.dashboards.names import Recorded
 from gpufleet.rules.config import RulesConfig
@@ -95,7 +94,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
             "page (GpuFleetRepeatOffenderNode). Click a node for its dashboard.",
             "short",
             [target(f"topk(15, {r.exclusions_node}{{{c}}} > 0)", instant=True)],
-            sort_by="Value",
+            columns=("exclusions (30 d)",),
         ),
         8,
         9,
@@ -107,7 +106,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
             "short",
             [target(f"{r.exclusions_reason}{{{c}}} > 0", instant=True)],
             link_node=False,
-            sort_by="Value",
+            columns=("exclusions (30 d)",),
         ),
         8,
         9,
@@ -126,7 +125,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
                 )
             ],
             link_node=False,
-            sort_by="Value",
+            columns=("GPUs",),
         ),
         8,
         9,
@@ -145,6 +144,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
                 ),
             ],
             link_node=False,
+            columns=("attempts",),
         ),
         12,
         8,
@@ -163,16 +163,17 @@ def build(config: RulesConfig) -> dm.Dashboard:
                 ),
             ],
             link_node=False,
+            columns=("chains",),
         ),
         12,
         8,
     )
     grid.add(
-        timeseries_panel(
+        stat_panel(
             "Checkpoint interval: Young/Daly vs actual",
             "The interval that minimises expected lost work, sqrt(2 x save cost x job MTBF) "
             "(Young/Daly, from 30 days of failed attempts and a day of save times), against "
-            "how often the job's nodes actually saved over the last hour.",
+            "how often the job's nodes actually saved over the last hour (saves per rank).",
             "s",
             targets(
                 (f"{r.young_daly}{{{sel(JOB)}}}", "Young/Daly optimum"),
@@ -180,7 +181,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
             ),
         ),
         24,
-        8,
+        5,
     )
     return dashboard(
         UID,

@@ -1077,10 +1077,12 @@ def dashboard_support_group(config: RulesConfig) -> Group:
             f"reason:gpufleet_fleet_exclusions:increase{month}",
             f"sum by (reason) ({exclusions} - ({exclusions} offset {month} or {exclusions} * 0))",
         ),
-        # Seconds between a node's saves, averaged over the job's saving nodes.
+        # Seconds between a node's saves, averaged over the job's saving nodes. Each rank
+        # that writes its shard counts one operation, so saves are per rank of the node.
         Record(
             "job:gpufleet_checkpoint_interval_seconds:rate1h",
-            f"1 / avg by (training_job) (sum by (training_job, node) (rate({saves}[1h])) > 0)",
+            f"1 / avg by (training_job) (\n  sum by (training_job, node) (rate({saves}[1h]))\n"
+            f"  / max by (training_job, node) ({metric('gpufleet_training_ranks', agent)}) > 0\n)",
         ),
     ]
     return Group("gpufleet-dashboard-support", rules)
