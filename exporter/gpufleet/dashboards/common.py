@@ -238,9 +238,16 @@ def datasource_variable() -> db.DatasourceVariable:
 
 
 def query_variable(
-    name: str, label: str, query: str, *, include_all: bool = False, hide: bool = False
+    name: str,
+    label: str,
+    query: str,
+    *,
+    include_all: bool = False,
+    all_value: str | None = ".*",
+    hide: bool = False,
 ) -> db.QueryVariable:
-    """A ``label_values`` variable refreshed when the time range changes."""
+    """A ``label_values`` variable refreshed when the time range changes. With
+    ``all_value=None``, "All" sends every value (a regex alternation), not a match-all."""
     variable = (
         db.QueryVariable(name)
         .label(label)
@@ -250,7 +257,12 @@ def query_variable(
         .sort(dm.VariableSort.ALPHABETICAL_ASC)
     )
     if include_all:
-        variable = variable.include_all(True).all_value(".*")
+        variable = variable.include_all(True).current(
+            dm.VariableOption(selected=True, text="All", value="$__all")
+        )
+        variable = variable.multi(all_value is None)
+        if all_value is not None:
+            variable = variable.all_value(all_value)
     if hide:
         variable = variable.hide(dm.VariableHide.HIDE_VARIABLE)
     return variable

@@ -34,6 +34,7 @@ class Recorded:
     fleet_util: str
     fleet_power: str
     node_gpus: str
+    gpu_node: str
 
     @classmethod
     def of(cls, config: RulesConfig) -> Recorded:
@@ -63,4 +64,5 @@ class Recorded:
             fleet_util="fleet:DCGM_FI_DEV_GPU_UTIL:avg",
             fleet_power="fleet:DCGM_FI_DEV_POWER_USAGE:sum",
             node_gpus="node:gpufleet_gpus_reporting:count",
+            gpu_node="gpu:gpufleet_gpu_node:info",
         )

@@ -14,6 +14,7 @@ from gpufleet.dashboards.common import (
     Grid,
     dashboard,
     query_variable,
+    quoted,
     sel,
     table_panel,
     target,
@@ -21,7 +22,7 @@ from gpufleet.dashboards.common import (
     timeseries_panel,
 )
 from gpufleet.dashboards.names import Recorded
-from gpufleet.rules.build import Record, health_recording, with_node
+from gpufleet.rules.build import Record, health_recording
 from gpufleet.rules.config import RulesConfig
 
 UID = "gpufleet-node"
@@ -30,13 +31,18 @@ GPU_LEGEND = "{{node}} GPU {{gpu}}"
 
 
 def this_node(config: RulesConfig, name: str, by: str = "node, gpu", wrap: str = "") -> str:
-    """``name`` for the chosen node's chosen GPUs, labelled by ``node``."""
-    series = f"{name}{{{sel(config.gpu_selector, 'gpu=~' + chr(34) + '$gpu' + chr(34))}}}"
+    """``name`` for the chosen node's chosen GPUs, labelled by ``node``.
+
+    The hidden ``uuid`` variable (the node's GPUs, from the rules' node-GPU map) selects
+    the series through the index: mapping every GPU of the fleet to its node at query time
+    would read all of them on each refresh.
+    """
+    series = f"{name}{{{sel(config.gpu_selector, 'UUID=~' + quoted('$uuid'), 'gpu=~' + quoted('$gpu'))}}}"
     if wrap:
         series = wrap.format(series)
     return (
-        f"max by ({by}) (\n  {with_node(series)}\n"
-        f'  and on (node) label_replace(vector(1), "node", "$node", "", "")\n)'
+        f"max by ({by}) (\n  {series}\n"
+        f"  * on (UUID) group_left (node) {Recorded.of(config).gpu_node}{{{sel(NODE)}}}\n)"
     )
 
 
@@ -242,8 +248,16 @@ def build(config: RulesConfig) -> dm.Dashboard:
             query_variable(
                 "gpu",
                 "GPU",
-                f"label_values(DCGM_FI_DEV_GPU_TEMP{{{sel(config.gpu_selector)}}}, gpu)",
+                f"label_values({r.gpu_node}{{{sel(NODE)}}}, gpu)",
                 include_all=True,
+            ),
+            query_variable(
+                "uuid",
+                "GPU UUIDs",
+                f"label_values({r.gpu_node}{{{sel(NODE)}}}, UUID)",
+                include_all=True,
+                all_value=None,
+                hide=True,
             ),
         ],
         grid,

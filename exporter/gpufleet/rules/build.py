@@ -1059,6 +1059,13 @@ def dashboard_support_group(config: RulesConfig) -> Group:
         )
     )
     rules: list[Record | Alert] = [
+        # Which node each GPU is on, whichever exporter and label spelling: the node
+        # dashboard selects a node's GPUs by UUID through it. gpufleet_gpu_up keeps a
+        # lost GPU (no more readings) on its node.
+        Record(
+            "gpu:gpufleet_gpu_node:info",
+            f"group by (node, gpu, UUID) (\n  {with_node(metric('gpufleet_gpu_up', gpus) + ' or ' + metric('DCGM_FI_DEV_GPU_TEMP', gpus))}\n)",
+        ),
         Record(
             "node:gpufleet_gpus_reporting:count",
             f"count by (node) (\n  {with_node(metric('DCGM_FI_DEV_GPU_TEMP', gpus))}\n)",

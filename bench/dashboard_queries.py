@@ -1,0 +1,114 @@
+"""What the dashboards cost Prometheus at 512 simulated nodes (4,096 GPUs).
+
+The dashboard tests' scenario is simulated for a short history (3 h by default),
+backfilled with promtool, and served by a real Prometheus that evaluates gpufleet's real
+rules (recording and alerting, default intervals) on it. Then every panel target is
+timed as Grafana would send it, variables substituted:
+
+- instant: the query at the present, reading the recorded series as a live Grafana
+  would (one refresh of a stat or table, one point of a graph);
+- range: targets that read no recorded series (raw GPU, training and checkpoint
+  counters), over the whole history at a 30 s step, as a 3-hour graph draws them.
+  Targets that read recorded series have them only since Prometheus started, so their
+  range cost is not measured here (their instant cost is).
+
+Prints the median of ``--repeat`` runs per target, heaviest first.
+
+    python bench/dashboard_queries.py [--nodes 512] [--hours 3] [--repeat 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from gpufleet.dashboards.build import dashboards
+from gpufleet.dashboards.common import render
+from gpufleet.dashboards.stack import FedPrometheus, fed_prometheus
+from gpufleet.devstack import wait_until
+from gpufleet.rules.config import RulesConfig
+
+RECORDED = re.compile(r"\b[a-z]+:[A-Za-z0-9_]+:[a-z0-9_]+\b")
+STEP_S = 30.0
+
+
+def timed(run: object, repeat: int) -> float:
+    samples = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        run()  # type: ignore[operator]
+        samples.append(time.perf_counter() - started)
+    return statistics.median(samples)
+
+
+def measure(fed: FedPrometheus, repeat: int) -> list[tuple[str, str, str, float]]:
+    rows = []
+    for stem, board in dashboards().items():
+        data = json.loads(render(board))
+        for panel in data["panels"]:
+            for target in panel["targets"]:
+                where = f"{stem} / {panel['title']} [{target['refId']}]"
+                now = time.time()
+                expr = fed.substitute(target["expr"], now, inline=False)
+                seconds = timed(lambda e=expr: fed.prometheus.query(e), repeat)
+                rows.append(("instant", where, expr, seconds))
+                if not RECORDED.search(target["expr"]) and "ALERTS" not in target["expr"]:
+                    start = fed.start + 600
+                    seconds = timed(
+                        lambda e=expr, s=start: fed.prometheus.query_range(
+                            e, s, time.time(), STEP_S
+                        ),
+                        repeat,
+                    )
+                    rows.append(("range", where, expr, seconds))
+    return sorted(rows, key=lambda row: -row[3])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--nodes", type=int, default=512)
+    parser.add_argument("--hours", type=float, default=3.0)
+    parser.add_argument("--repeat", type=int, default=5)
+    arguments = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="gpufleet-dashboard-bench-") as workdir:
+        started = time.monotonic()
+        with fed_prometheus(
+            Path(workdir),
+            nodes=arguments.nodes,
+            hours=arguments.hours,
+            live_rules=RulesConfig(),
+            evaluation_interval="15s",
+        ) as fed:
+            print(
+                f"{arguments.nodes} nodes, {arguments.hours:g} h backfilled and served in "
+                f"{time.monotonic() - started:.0f} s",
+                file=sys.stderr,
+            )
+            # The recorded series the panels read exist once each group has run once.
+            wait_until(
+                lambda: (
+                    fed.prometheus.query("node:gpufleet_gpus_reporting:count")
+                    and fed.prometheus.query("node:gpufleet_training_compute_ratio:rate5m")
+                    and fed.prometheus.query("gpu:gpufleet_gpu_hw_slowdown:active or vector(1)")
+                ),
+                180,
+                what="the recording rules' first evaluation",
+            )
+            rows = measure(fed, arguments.repeat)
+    print(f"| query | panel | median ms ({arguments.repeat} runs) |")
+    print("|---|---|---:|")
+    for kind, where, _, seconds in rows:
+        print(f"| {kind} | {where} | {seconds * 1000:.1f} |")
+    kind, where, expr, seconds = rows[0]
+    print(f"\nheaviest: {kind} {where}: {seconds * 1000:.1f} ms median\n{expr}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
