@@ -249,3 +249,14 @@ def test_tables_link_rows_to_the_node_dashboard() -> None:
         if prop["id"] == "links"
     ]
     assert links and links[0][0]["url"].startswith("/d/gpufleet-node/")
+
+
+def test_the_runbook_names_real_panels() -> None:
+    titles = {panel["title"] for board in committed().values() for panel in board["panels"]}
+    uids = {board["uid"] for board in committed().values()}
+    runbook = (ROOT / "alerts" / "RUNBOOK.md").read_text()
+    lines = re.findall(r"^\*\*Dashboard\*\*: (.+(?:\n(?!\n).+)*)", runbook, re.M)
+    assert len(lines) >= 20
+    named = {title for line in lines for title in re.findall(r'"([^"]+)"', line)}
+    assert named and named - titles == set()
+    assert {uid for line in lines for uid in re.findall(r"`(gpufleet-[a-z-]+)`", line)} <= uids

@@ -476,7 +476,8 @@ def node_alerts(config: RulesConfig) -> Group:
             "warning",
             "Several weak warning signs on one node at once.",
             "{{ $labels.node }} shows several weak warning signs together (health score "
-            "{{ $value }}): see the node-health dashboard panel for which. Drain and test it.",
+            "{{ $value }}): the Node dashboard's 'Health score and its signals' panel shows which. "
+            "Drain and test it.",
             config.health_for,
         ),
     ]
