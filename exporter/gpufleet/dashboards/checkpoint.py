@@ -34,7 +34,6 @@ def build(config: RulesConfig) -> dm.Dashboard:
         return f"sum by ({by}) (rate({name}{{{raw}}}[$__rate_interval]))"
 
     queue = "gpufleet_checkpoint_queue_wait_seconds_total"
-    service = "gpufleet_checkpoint_service_seconds_total"
     ops = "gpufleet_checkpoint_operations_total"
     grid = Grid()
     grid.add(
@@ -68,16 +67,11 @@ def build(config: RulesConfig) -> dm.Dashboard:
     grid.add(
         timeseries_panel(
             "Save / restore duration per node",
-            "Seconds per checkpoint operation on each node (queued + served), in the "
-            f"intervals where it checkpointed. Budgets: save {config.checkpoint_save_budget_s:g} s, "
+            "Seconds per checkpoint operation on each node (queued + served) over "
+            f"{config.rate_window}, where it checkpointed. Budgets: save {config.checkpoint_save_budget_s:g} s, "
             f"restore {config.checkpoint_restore_budget_s:g} s.",
             "s",
-            targets(
-                (
-                    f"({rate(queue, 'node, op')} + {rate(service, 'node, op')})\n/ {rate(ops, 'node, op')}",
-                    "{{node}} {{op}}",
-                )
-            ),
+            targets((f"{r.node_seconds_per_op}{{{job}}}", "{{node}} {{op}}")),
             bars=True,
         ),
         12,
@@ -88,7 +82,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
             "Checkpoint bytes/s per node",
             "Checkpoint bytes each node wrote or read per second.",
             "Bps",
-            targets((rate("gpufleet_checkpoint_bytes_total", "node, op"), "{{node}} {{op}}")),
+            targets((f"{r.node_checkpoint_bytes}{{{job}}}", "{{node}} {{op}}")),
             stacked=True,
         ),
         12,

@@ -35,6 +35,8 @@ class Recorded:
     fleet_power: str
     node_gpus: str
     gpu_node: str
+    node_seconds_per_op: str
+    node_checkpoint_bytes: str
 
     @classmethod
     def of(cls, config: RulesConfig) -> Recorded:
@@ -65,4 +67,6 @@ class Recorded:
             fleet_power="fleet:DCGM_FI_DEV_POWER_USAGE:sum",
             node_gpus="node:gpufleet_gpus_reporting:count",
             gpu_node="gpu:gpufleet_gpu_node:info",
+            node_seconds_per_op=f"node:gpufleet_checkpoint_seconds_per_op:rate{w}",
+            node_checkpoint_bytes=f"node:gpufleet_checkpoint_bytes:rate{w}",
         )

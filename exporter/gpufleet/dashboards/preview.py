@@ -14,6 +14,7 @@ import json
 import math
 import re
 import tempfile
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -250,6 +251,7 @@ def draw(board: dict[str, Any], fed: FedPrometheus, out: Path) -> Path:
     total = height * ROW_INCHES + 0.5
     figure.suptitle(board["title"], x=0.01, y=1 - 0.12 / total, ha="left", fontsize=11,
                     color=TEXT)  # fmt: skip
+    span = (fed.start + 3600, time.time())  # the range FedPrometheus.run queries
     for panel in board["panels"]:
         grid = panel["gridPos"]
         bottom = (height - grid["y"] - grid["h"]) * ROW_INCHES / total
@@ -276,6 +278,9 @@ def draw(board: dict[str, Any], fed: FedPrometheus, out: Path) -> Path:
             spine.set_color(GRID)
         results = [fed.run(t["expr"], bool(t.get("instant"))) for t in panel["targets"]]
         DRAW[panel["type"]](inner, panel, results)
+        if panel["type"] in ("timeseries", "heatmap"):
+            # Grafana draws the dashboard's whole time range, however sparse the data.
+            inner.set_xlim(*(mdates.date2num(datetime.fromtimestamp(t, UTC)) for t in span))
     path = out / f"{board['uid'].removeprefix('gpufleet-')}.png"
     figure.savefig(path, dpi=72, facecolor=BACKGROUND)
     plt.close(figure)

@@ -1048,6 +1048,7 @@ def dashboard_support_group(config: RulesConfig) -> Group:
     gpus, agent, fleet = config.gpu_selector, config.agent_selector, config.fleet_selector
     w = config.rate_window
     month = "30d"
+    ckpt_by = "training_job, node, op"
     exclusions = metric("gpufleet_fleet_node_exclusions_total", fleet)
     saves = metric("gpufleet_checkpoint_operations_total", agent, 'op="save"')
     phases = "\n  or ".join(
@@ -1084,6 +1085,18 @@ def dashboard_support_group(config: RulesConfig) -> Group:
         Record(
             f"reason:gpufleet_fleet_exclusions:increase{month}",
             f"sum by (reason) ({exclusions} - ({exclusions} offset {month} or {exclusions} * 0))",
+        ),
+        # Per node: seconds per checkpoint operation (queued + served) and bytes/s; what
+        # the checkpoint dashboard draws for every node of a job.
+        Record(
+            f"node:gpufleet_checkpoint_seconds_per_op:rate{w}",
+            f"(\n  sum by ({ckpt_by}) (rate({metric('gpufleet_checkpoint_queue_wait_seconds_total', agent)}[{w}]))\n"
+            f"  + sum by ({ckpt_by}) (rate({metric('gpufleet_checkpoint_service_seconds_total', agent)}[{w}]))\n)\n"
+            f"/ sum by ({ckpt_by}) (rate({metric('gpufleet_checkpoint_operations_total', agent)}[{w}]))",
+        ),
+        Record(
+            f"node:gpufleet_checkpoint_bytes:rate{w}",
+            f"sum by ({ckpt_by}) (rate({metric('gpufleet_checkpoint_bytes_total', agent)}[{w}]))",
         ),
         # Seconds between a node's saves, averaged over the job's saving nodes. Each rank
         # that writes its shard counts one operation, so saves are per rank of the node.
