@@ -108,7 +108,12 @@ def main() -> int:
     for kind, where, _, seconds in rows:
         print(f"| {kind} | {where} | {seconds * 1000:.1f} |")
     kind, where, expr, seconds = rows[0]
-    print(f"\nheaviest: {kind} {where}: {seconds * 1000:.1f} ms median\n{expr}")
+    print(f"\nheaviest: {kind} {where}: {seconds * 1000:.1f} ms median\n{expr}\n")
+    instant = max(row[3] for row in rows if row[0] == "instant")
+    print(
+        f"nodes={arguments.nodes} heaviest_panel_query_ms={seconds * 1000:.1f} "
+        f"heaviest_instant_query_ms={instant * 1000:.1f}"
+    )
     return 0
 
 

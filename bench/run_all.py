@@ -43,6 +43,12 @@ BENCHES: list[tuple[str, str, list[str], list[str] | None]] = [
         None,
     ),
     ("detection (quick)", "detect.py", ["--quick"], ["--quick"]),
+    (
+        "dashboard panel queries (512 nodes)",
+        "dashboard_queries.py",
+        [],
+        ["--nodes", "64", "--repeat", "3"],
+    ),
 ]
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, Self
 
 from grafana_foundation_sdk.builders import common as cb
 from grafana_foundation_sdk.builders import dashboard as db
@@ -74,6 +75,14 @@ def limit(value: float) -> db.ThresholdsConfig:
     return thresholds((None, "green"), (value, "red"))
 
 
+class PanelBuilder(Protocol):
+    """What every SDK panel builder (timeseries, stat, table, heatmap) offers."""
+
+    def id(self, id_val: int) -> Self: ...
+    def grid_pos(self, grid_pos: dm.GridPos) -> Self: ...
+    def build(self) -> dm.Panel: ...
+
+
 @dataclass
 class Grid:
     """Places panels left to right in rows of 24 units, numbering their ids."""
@@ -83,13 +92,12 @@ class Grid:
     _y: int = 0
     _row_height: int = 0
 
-    def add(self, panel: object, width: int, height: int) -> None:
-        builder = panel  # any SDK panel builder
+    def add(self, panel: PanelBuilder, width: int, height: int) -> None:
         if self._x + width > WIDTH:
             self._x, self._y, self._row_height = 0, self._y + self._row_height, 0
         position = dm.GridPos(h=height, w=width, x=self._x, y=self._y)
-        built = builder.id(len(self.panels) + 1).grid_pos(position).build()  # type: ignore[attr-defined]
-        self.panels.append(built)
+        # Explicit ids: the SDK leaves them unset, and id 0 breaks panel links.
+        self.panels.append(panel.id(len(self.panels) + 1).grid_pos(position).build())
         self._x += width
         self._row_height = max(self._row_height, height)
 

@@ -28,7 +28,7 @@ from matplotlib.axes import Axes
 
 from gpufleet.dashboards.build import dashboards
 from gpufleet.dashboards.common import WIDTH, render
-from gpufleet.dashboards.stack import FedPrometheus, fed_prometheus
+from gpufleet.dashboards.stack import QUERY_STEP_S, FedPrometheus, fed_prometheus
 
 ROW_INCHES = 0.27  # one grid row (30 px in Grafana) at 16 inches for 24 columns
 FIGURE_WIDTH = 16.0
@@ -79,10 +79,27 @@ def threshold_line(panel: dict[str, Any]) -> float | None:
     return float(steps[-1]) if steps else None
 
 
+def with_gaps(points: list[tuple[float, float]]) -> tuple[list[float], list[float]]:
+    """Dates and values with a NaN wherever samples are missing, so lines break there as
+    Grafana's do, instead of joining across the gap."""
+    times: list[float] = []
+    values: list[float] = []
+    previous: float | None = None
+    for t, v in points:
+        if previous is not None and t - previous > 1.5 * QUERY_STEP_S:
+            times.append(mdates.date2num(datetime.fromtimestamp(previous + QUERY_STEP_S, UTC)))
+            values.append(math.nan)
+        times.append(mdates.date2num(datetime.fromtimestamp(t, UTC)))
+        values.append(v)
+        previous = t
+    return times, values
+
+
 def draw_timeseries(ax: Axes, panel: dict[str, Any], results: list[Result]) -> None:
     unit = panel["fieldConfig"]["defaults"].get("unit", "")
     scale = 100.0 if unit == "percentunit" else 1.0
     stacked = panel["fieldConfig"]["defaults"].get("custom", {}).get("stacking", {}).get("mode")
+    bars = panel["fieldConfig"]["defaults"].get("custom", {}).get("drawStyle") == "bars"
     base: dict[float, float] = {}
     lines = 0
     for target, result in zip(panel["targets"], results, strict=True):
@@ -93,19 +110,13 @@ def draw_timeseries(ax: Axes, panel: dict[str, Any], results: list[Result]) -> N
             if stacked == "normal":
                 points = [(t, v + base.get(t, 0.0)) for t, v in points]
                 base.update(points)
-            times = [mdates.date2num(datetime.fromtimestamp(t, UTC)) for t, _ in points]
+            times, values = with_gaps(points)
             color = PALETTE[lines % len(PALETTE)]
             label = legend(target.get("legendFormat", ""), series["metric"])
-            marker = "o" if len(points) < 3 else None  # a lone point would be invisible
-            ax.plot(
-                times,
-                [v * scale for _, v in points],
-                color=color,
-                lw=1,
-                label=label,
-                marker=marker,
-                ms=3,
-            )
+            # Bars and lone points would vanish as lines: mark every point.
+            sparse = bars or len(points) < 3
+            ax.plot(times, [v * scale for v in values], color=color, lw=1, label=label,
+                    marker="o" if sparse else None, ms=2)  # fmt: skip
             lines += 1
     limit = threshold_line(panel)
     if limit is not None:
