@@ -43,10 +43,11 @@ STEP_S = 30.0  # history resolution (a 30 s scrape interval)
 RATE_INTERVAL = "2m"  # Grafana's $__rate_interval for a 30 s scrape interval
 QUERY_STEP_S = 60.0
 
-# Times are from the start of the history. Node 5 computes 30% slower for the last two
-# hours (the straggler); node 12 fails twice (two exclusions: a repeat offender); node 9
-# flaps its NVLink, then a GPU falls off the bus (XID 79, a lost GPU, an exclusion); 16
-# nodes checkpoint at once into 16 storage slots (a checkpoint storm).
+# Times are from the start of the history; the last three count back from its end.
+# Node 5 computes 30% slower for the last two hours (the straggler); node 12 fails
+# twice (two exclusions: a repeat offender); node 9 flaps its NVLink, then a GPU falls
+# off the bus (XID 79, a lost GPU, an exclusion); 16 nodes checkpoint at once into 16
+# storage slots (a checkpoint storm).
 SCENARIO = """
 name: dashboards
 cluster: {{nodes: {nodes}, checkpoint_interval_s: 1800, storage_slots: 16}}
@@ -54,12 +55,13 @@ rates: {{fail_stop_per_1000_node_days: 0, fail_slow_compute_per_node_day: 0,
         fail_slow_comm_per_node_day: 0, auto_retry_success: 1.0}}
 confounders: {{cluster_slowdowns_per_day: 0, evals: false}}
 episodes:
-  - {{kind: fail_slow_compute, node: 5, gpu: 3, start: 4h, duration: 3h, magnitude: 1.3}}
+  - {{kind: fail_slow_compute, node: 5, gpu: 3, start: {slow}m, duration: 3h, magnitude: 1.3}}
   - {{kind: fail_stop, cause: hbm, node: 12, gpu: 4, start: 30m, duration: 1h}}
   - {{kind: fail_stop, cause: hbm, node: 12, gpu: 4, start: 150m, duration: 1h}}
-  - {{kind: nvlink_flapping, node: 9, gpu: 1, start: 270m, duration: 2h}}
-  - {{kind: fail_stop, cause: gpu_fell_off_bus, node: 9, gpu: 2, start: 315m, duration: 4h}}
+  - {{kind: nvlink_flapping, node: 9, gpu: 1, start: {flap}m, duration: 2h}}
+  - {{kind: fail_stop, cause: gpu_fell_off_bus, node: 9, gpu: 2, start: {off_bus}m, duration: 4h}}
 """
+SLOW_FOR_S = 2 * 3600.0  # the straggler's slowdown covers the history's last two hours
 HOURS = 6.0
 SLOW_NODE = "node-005"
 FAULTY_NODE = "node-009"
@@ -143,7 +145,10 @@ def fed_prometheus(
     """
     workdir.mkdir(parents=True, exist_ok=True)
     scenario_path = workdir / "scenario.yaml"
-    scenario_path.write_text(SCENARIO.format(nodes=nodes))
+    minutes = round(hours * 60)
+    scenario_path.write_text(
+        SCENARIO.format(nodes=nodes, slow=minutes - 120, flap=minutes - 90, off_bus=minutes - 45)
+    )
     scenario = load_scenario(str(scenario_path))
     end = float(int(time.time() // STEP_S * STEP_S))
     history = write_history(
@@ -198,13 +203,16 @@ def fed_prometheus(
         )
         # (UUIDs hold no regex metacharacter that Grafana would escape.)
         fed.variables["uuid"] = "|".join(sorted(s["metric"]["UUID"] for s in mapped))
+        # ALERTS exist once the rules have run on the history: a repeat offender fires
+        # at once (from the ledger), the straggler is pending (its `for` runs live).
         wait_until(
             lambda: (
                 server.query("gpufleet_fleet_node_exclusions_total")
                 and server.query('ALERTS{alertstate="firing"}')
+                and server.query('ALERTS{alertname="GpuFleetStragglerNode"}')
             ),
-            90,
-            what="the ledger scraped and a gpufleet alert firing",
+            120,
+            what="the ledger scraped, a gpufleet alert firing and the straggler alert pending",
         )
         yield fed
     finally:
