@@ -94,10 +94,7 @@ class FedPrometheus:
         expr = re.sub(r',?\s*[a-zA-Z_]+=~"\.\*"\s*,?\s*', _comma, expr).replace("{}", "")
         if "ALERTS" in expr or not inline:
             return expr
-        # A range over a recorded name becomes a subquery at the rules' 1m resolution.
-        expr = re.sub(
-            r"(\b[a-z]+:[A-Za-z0-9_]+:[a-z0-9_]+(?:\{[^}]*\})?)\[(\d+[smhdw])\]", r"\1[\2:1m]", expr
-        )
+        # (The inliner turns a range over a recorded name into a subquery.)
         return self.inliner.inline(expr)
 
     def run(self, expr: str, instant: bool) -> list[dict[str, Any]]:

@@ -1066,11 +1066,11 @@ def dashboard_support_group(config: RulesConfig) -> Group:
         # lost GPU (no more readings) on its node.
         Record(
             "gpu:gpufleet_gpu_node:info",
-            f"group by (node, gpu, UUID) (\n  {with_node(metric('gpufleet_gpu_up', gpus) + ' or ' + metric('DCGM_FI_DEV_GPU_TEMP', gpus))}\n)",
+            f"group by (node, gpu, UUID) (\n  {with_node(metric('gpufleet_gpu_up', gpus) + ' or ' + metric('DCGM_FI_DEV_GPU_TEMP', gpus), config.node_labels)}\n)",
         ),
         Record(
             "node:gpufleet_gpus_reporting:count",
-            f"count by (node) (\n  {with_node(metric('DCGM_FI_DEV_GPU_TEMP', gpus))}\n)",
+            f"count by (node) (\n  {with_node(metric('DCGM_FI_DEV_GPU_TEMP', gpus), config.node_labels)}\n)",
         ),
         Record("fleet:DCGM_FI_DEV_GPU_UTIL:avg", f"avg({metric('DCGM_FI_DEV_GPU_UTIL', gpus)})"),
         Record(
