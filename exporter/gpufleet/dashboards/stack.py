@@ -134,11 +134,13 @@ def fed_prometheus(
     hours: float = HOURS,
     live_rules: RulesConfig | None = None,
     evaluation_interval: str = "2s",
+    pending: tuple[str, ...] = ("GpuFleetStragglerNode",),
 ) -> Iterator[FedPrometheus]:
     """Simulate the scenario, backfill its history, feed its ledger, start Prometheus.
 
     ``live_rules`` is what Prometheus evaluates live (default: the real rules with a fast
     GPU group, so XIDs show at once); panel queries read the history through inlining.
+    ``pending``: alerts to wait for (in ALERTS) before the stack is handed over.
     """
     workdir.mkdir(parents=True, exist_ok=True)
     scenario_path = workdir / "scenario.yaml"
@@ -206,10 +208,10 @@ def fed_prometheus(
             lambda: (
                 server.query("gpufleet_fleet_node_exclusions_total")
                 and server.query('ALERTS{alertstate="firing"}')
-                and server.query('ALERTS{alertname="GpuFleetStragglerNode"}')
+                and all(server.query(f'ALERTS{{alertname="{name}"}}') for name in pending)
             ),
             120,
-            what="the ledger scraped, a gpufleet alert firing and the straggler alert pending",
+            what=f"the ledger scraped, a gpufleet alert firing and {', '.join(pending)} pending",
         )
         yield fed
     finally:
