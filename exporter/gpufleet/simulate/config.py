@@ -148,6 +148,59 @@ class Scenario:
         given = {key: value for key, value in overrides.items() if value is not None}
         return replace(self, cluster=replace(self.cluster, **given))
 
+    def compressed(self, factor: float) -> Scenario:
+        """The same story ``factor`` times faster, for end-to-end tests of a scenario
+        written in minutes (run them with rule windows and ``for`` durations divided
+        by the same factor).
+
+        Shrinks what sets the story's pace: episode times, the checkpoint and eval
+        cadence, a checkpoint's size (so a write takes 1/factor as long and queues
+        just as much), restart and repair delays, fault and confounder durations;
+        rates per hour or day grow by the factor. The step time does not change:
+        a shrunken rate window still holds tens of steps. Durations drawn inside
+        the fault model itself (a failed retry's run, a thermal lead) do not shrink.
+        """
+        if factor <= 0:
+            raise ScenarioError(f"compression factor {factor!r} is not a positive number")
+
+        def shorter(section: Any, names: tuple[str, ...], longer: tuple[str, ...] = ()) -> Any:
+            changes = {name: getattr(section, name) / factor for name in names}
+            changes |= {name: getattr(section, name) * factor for name in longer}
+            return replace(section, **changes)
+
+        cluster = shorter(
+            self.cluster,
+            ("checkpoint_interval_s", "checkpoint_bytes_per_node", "eval_interval_s",
+             "eval_duration_s"),
+        )  # fmt: skip
+        rates = shorter(
+            self.rates,
+            ("compute_mean_minutes", "comm_mean_minutes", "auto_restart_minutes_min",
+             "auto_restart_minutes_max", "manual_restart_minutes_min",
+             "manual_restart_minutes_max", "repair_hours_median", "precursor_hours_min",
+             "precursor_hours_max"),
+            ("fail_stop_per_1000_node_days", "fail_slow_compute_per_node_day",
+             "fail_slow_comm_per_node_day"),
+        )  # fmt: skip
+        confounders = shorter(
+            self.confounders,
+            ("data_loader_stall_seconds_min", "data_loader_stall_seconds_max"),
+            ("data_loader_stalls_per_hour", "gc_pauses_per_node_hour", "cluster_slowdowns_per_day"),
+        )
+        episodes = [
+            {key: value / factor if key in ("start", "duration", "period") else value
+             for key, value in episode.items()}
+            for episode in self.episodes
+        ]  # fmt: skip
+        return replace(
+            self,
+            name=f"{self.name} ({factor:g}x faster)",
+            cluster=cluster,
+            rates=rates,
+            confounders=confounders,
+            episodes=episodes,
+        )
+
 
 def _overrides(section: Any, cls: type[Any], where: str) -> Any:
     if section is None:

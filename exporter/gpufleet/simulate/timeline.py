@@ -105,6 +105,7 @@ class TimelineBuilder:
         self.nodes = self.spec.nodes
         self.gpus = self.spec.gpus_per_node
         self._excluded: list[list[tuple[float, float]]] = [[] for _ in range(self.nodes)]
+        self._checkpoints_asked: list[float] = []  # explicit `checkpoint` episodes
 
     # -- helpers ----------------------------------------------------------------
 
@@ -164,6 +165,13 @@ class TimelineBuilder:
             if gpu is not None and not 0 <= gpu < self.gpus:
                 raise ScenarioError(f"{where}.gpu: {gpu} is not in 0..{self.gpus - 1}")
             duration = float(raw.get("duration", 0.0))
+            if kind == Kind.CHECKPOINT:
+                # Every node writes at once, when the job is running: scheduled with the
+                # periodic checkpoints, once every fail-stop's stall is known.
+                if node is not None or gpu is not None:
+                    raise ScenarioError(f"{where}: a checkpoint is the whole job's, not a node's")
+                self._checkpoints_asked.append(begin)
+                continue
             if kind == Kind.FAIL_STOP:
                 if node is None:
                     raise ScenarioError(f"{where}: a fail_stop needs a node")
@@ -387,14 +395,18 @@ class TimelineBuilder:
         spec = self.spec
         timeline = self.timeline
         conf = self.confounders
-        for enabled, interval, first, windows, reason in (
-            (conf.checkpoints, spec.checkpoint_interval_s, 0.5, timeline.checkpoints, "checkpoint"),
-            (conf.evals, spec.eval_interval_s, 0.75, timeline.evals, "eval"),
-        ):
-            if not enabled or interval <= 0:
-                continue
-            when = timeline.start + interval * first
-            while when < timeline.end:
+        for enabled, interval, first, windows, reason, asked in (
+            (conf.checkpoints, spec.checkpoint_interval_s, 0.5, timeline.checkpoints, "checkpoint",
+             self._checkpoints_asked),
+            (conf.evals, spec.eval_interval_s, 0.75, timeline.evals, "eval", []),
+        ):  # fmt: skip
+            times = [when for when in asked if timeline.start <= when < timeline.end]
+            if enabled and interval > 0:
+                when = timeline.start + interval * first
+                while when < timeline.end:
+                    times.append(when)
+                    when += interval
+            for when in sorted(times):
                 # windows are appended in time order: only the last can still be open
                 if not self.stalled(when) and not (windows and windows[-1].end > when):
                     if reason == "checkpoint":
@@ -408,7 +420,6 @@ class TimelineBuilder:
                     else:
                         windows.append(Window(when, when + spec.eval_duration_s, reason))
                         self._add(Episode(Kind.EVAL, when, when + spec.eval_duration_s))
-                when += interval
 
     def slowdown_of(self, kind: Kind, magnitude: float) -> float:
         """How much slower the episode makes what it slows: the node's compute for a
