@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gpufleet.rules.config import RulesConfig
 from gpufleet.simulate.cluster import Cluster
 from gpufleet.simulate.config import (
     ClusterSpec,
@@ -74,6 +75,7 @@ def test_every_bundled_scenario_loads_and_describes_itself() -> None:
         ("episodes: [{kind: fail_slow_compute, node: 1, gpu: 0, start: soon}]", "not a duration"),
         ("episodes: [{kind: fail_slow_compute, node: 99, gpu: 0}]", "node 99 is not in"),
         ("episodes: [{kind: xid_storm, node: 1}]", "needs a node and a gpu"),
+        ("episodes: [{kind: checkpoint, node: 1}]", "a checkpoint is the whole job's"),
         ("chaos: true", "unknown sections ['chaos']"),
         ("- a list", "expected a mapping at the top"),
     ],
@@ -309,3 +311,69 @@ def test_checkpoint_storm_is_queue_bound_and_visible_in_flight() -> None:
     share = t.ckpt_queue.sum() / (t.ckpt_queue.sum() + t.ckpt_service.sum())
     assert share > 0.9
     assert t.ckpt_in_flight.sum() == 0
+
+
+def test_a_checkpoint_episode_makes_every_node_write_at_once() -> None:
+    scenario = replace(quiet(nodes=64), episodes=[{"kind": "checkpoint", "start": 120.0}])
+    timeline = build_timeline(scenario, 0, START, START + 3600)
+    storm = timeline.checkpoints[0]
+    assert storm.start == START + 120  # before the periodic ones (the first at 15 min)
+    assert timeline.checkpoints[1].start == START + 900
+    queue, service = (float(part) for part in storm.reason.split(":"))
+    assert storm.end - storm.start == pytest.approx(32.0) and queue / (queue + service) > 0.9
+
+
+def test_a_compressed_scenario_tells_the_same_story_faster() -> None:
+    normal = build_timeline(load_scenario("demo"), 0, START, START + DAY)
+    fast = build_timeline(load_scenario("demo").compressed(5), 0, START, START + DAY / 5)
+
+    def story(timeline: object, factor: float) -> tuple[list[str], list[float]]:
+        early = [
+            e
+            for e in timeline.episodes  # type: ignore[attr-defined]
+            if e.start < START + 600 / factor
+        ]
+        times = [t for e in early for t in ((e.start - START) * factor, (e.end - START) * factor)]
+        return [str(e.kind) for e in early], times
+
+    kinds, times = story(normal, 1)
+    assert kinds == ["fail_slow_compute", "checkpoint", "fail_stop"]
+    assert story(fast, 5)[0] == kinds and story(fast, 5)[1] == pytest.approx(times)
+    for a, b in zip(normal.stalls, fast.stalls, strict=True):
+        assert (b.start - START) * 5 == pytest.approx(a.start - START)
+        assert (b.end - START) * 5 == pytest.approx(a.end - START)
+    share = [
+        float(w.reason.split(":")[0]) / (w.end - w.start)
+        for w in (normal.checkpoints[0], fast.checkpoints[0])
+    ]
+    assert share[0] == pytest.approx(share[1])
+    with pytest.raises(ScenarioError, match="not a positive number"):
+        load_scenario("demo").compressed(0)
+
+
+def test_the_demo_story_leaves_each_alert_time_to_page_before_the_next_event() -> None:
+    """The demo's timeline against the rules' windows and ``for`` durations (the live
+    story itself: tests/test_demo_story.py)."""
+    rules = RulesConfig()
+    timeline = build_timeline(load_scenario("demo"), 0, START, START + 30 * DAY)
+    by_kind = {e.kind: e for e in sorted(timeline.episodes, key=lambda e: -e.start)}
+    slow, failure = by_kind[Kind.FAIL_SLOW_COMPUTE], by_kind[Kind.FAIL_STOP]
+    storm = timeline.checkpoints[0]
+    # The straggler goes pending within a minute (its rate window holds only the 20 s of
+    # healthy history before it), then its `for` elapses, all while the job trains.
+    straggler_pages = slow.start + 60 + parse_duration(rules.straggler_for)
+    assert (slow.node, slow.gpu) == (12, 5) and straggler_pages + 45 < failure.start
+    # every node checkpoints at once, while training runs, and the queue-wait alert's
+    # `for` elapses after the storm, still before the failure
+    assert storm.start > slow.start and not timeline.stalls[0].start < storm.end
+    assert storm.end + parse_duration(rules.checkpoint_queue_for) + 30 < failure.start
+    assert (failure.node, failure.gpu, failure.xid) == (40, 3, 79)
+    # the automatic retry restarts without node-040, well before the job-hung alert
+    [stall] = timeline.stalls
+    assert stall.end - stall.start < rules.hang_min_seconds / 2
+    assert [(x.node, x.source) for x in timeline.exclusions] == [(40, "auto")]
+    assert [(a.trigger, a.outcome) for a in timeline.attempts] == [
+        ("initial", "failed"),
+        ("auto", "running"),
+    ]
+    assert stall.end - START < 10 * 60

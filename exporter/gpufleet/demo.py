@@ -1,12 +1,14 @@
 """``gpufleet demo``: a complete local stack without Docker.
 
 Starts the fleet ledger, the simulator (64 nodes running the ``demo`` scenario:
-a straggler, an XID 79 and a checkpoint storm within ten minutes, reported to
-the ledger), a real Prometheus that discovers every virtual node through
+a straggler, a checkpoint storm and an XID 79 within ten minutes, each paging
+on its own, then the job's automatic retry without the failed node, reported
+to the ledger), a real Prometheus that discovers every virtual node through
 file_sd and evaluates gpufleet's rules, a real Alertmanager, and the pager whose
-log shows every page; prints where they are, and stops all of them on Ctrl-C.
-Prometheus and Alertmanager run the same configuration files under ``deploy/``
-as ``docker compose up`` (see :mod:`gpufleet.deploytree`).
+log shows every page; prints where they are and what will happen when, and
+stops all of them on Ctrl-C. Prometheus and Alertmanager run the same
+configuration files under ``deploy/`` as ``docker compose up`` (see
+:mod:`gpufleet.deploytree`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,19 @@ from gpufleet.devstack import (
 
 RULES_DIR = REPO / "alerts"
 
+# The demo scenario's story (scenarios/demo.yaml), in minutes after the simulator starts;
+# the README's demo section tells the same, tests/test_demo_story.py checks it.
+STORY = (
+    ("0:20", "GPU 5 of node-012 turns 25% slow; the whole lock-step job waits for it"),
+    ("1:20", "all 64 nodes checkpoint at once: 30 s of each 32 s write is queued for storage"),
+    ("~6:00", "page: GpuFleetStragglerNode for node-012 (warning)"),
+    ("~7:00", "page: GpuFleetCheckpointQueueBound for job sim-llm (warning)"),
+    ("8:00", "GPU 3 of node-040 falls off the bus (XID 79): the job stops"),
+    ("~8:05-9:10", "pages: GpuFleetCriticalXid and GpuFleetGpuLost for node-040 (critical)"),
+    ("9:15", "the automatic retry trains again without node-040 (exclusion and attempt in the"),
+    ("", "fleet ledger); GpuFleetJobHung does not page: the job was down 75 s, not 5 min"),
+)
+
 
 def _port(preferred: int) -> int:
     return preferred if port_is_free(preferred) else free_port()
@@ -39,6 +54,14 @@ def _port(preferred: int) -> int:
 def rule_files() -> list[str]:
     """The project's rule files, when run from a checkout that has them."""
     return sorted(str(path) for path in RULES_DIR.glob("*.rules.yaml"))
+
+
+def story(scenario: str) -> str:
+    """What the demo scenario will do and page, minute by minute ('' for another one)."""
+    if scenario != "demo":
+        return ""
+    lines = "".join(f"  {minute:>10}  {what}\n" for minute, what in STORY)
+    return f"What happens, minutes after the simulator started (pages: Alertmanager):\n{lines}"
 
 
 def run_demo(
@@ -127,8 +150,7 @@ def run_demo(
             f"  Prometheus    {prometheus.url}/alerts\n"
             f"  Alertmanager  {alertmanager.url}\n"
             f"  pages         tail -f {workdir / 'pager.log'}\n"
-            "Within ten minutes: node-012 turns slow (minute 1), GPU 3 of node-040 falls off\n"
-            "the bus with XID 79 (minute 4), every node checkpoints at once (minute 5).\n"
+            f"{story(scenario)}"
             "Press Ctrl-C to stop everything.",
             flush=True,
         )
