@@ -38,7 +38,7 @@ RULES_DIR = REPO / "alerts"
 STORY = (
     ("0:20", "GPU 5 of node-012 turns 25% slow; the whole lock-step job waits for it"),
     ("1:20", "all 64 nodes checkpoint at once: 30 s of each 32 s write is queued for storage"),
-    ("~6:00", "page: GpuFleetStragglerNode for node-012 (warning)"),
+    ("~5:30", "page: GpuFleetStragglerNode for node-012 (warning)"),
     ("~7:00", "page: GpuFleetCheckpointQueueBound for job sim-llm (warning)"),
     ("8:00", "GPU 3 of node-040 falls off the bus (XID 79): the job stops"),
     ("~8:05-9:10", "pages: GpuFleetCriticalXid and GpuFleetGpuLost for node-040 (critical)"),
