@@ -10,7 +10,9 @@ A scenario file overrides any default and may list explicit episodes::
       - {kind: fail_slow_compute, node: 5, gpu: 3, start: 2m, duration: 15m, magnitude: 1.25}
 
 Times are relative to the start of the simulation ("90s", "2m", "1h", "1d" or
-seconds); nodes are indices or names (``node-005``).
+seconds); nodes are indices or names (``node-005``). ``{kind: checkpoint, start: 80s}``
+makes every node checkpoint at once then, beside the periodic checkpoints (skipped,
+like them, while the job is down).
 """
 
 from __future__ import annotations
