@@ -61,7 +61,7 @@ def story(scenario: str) -> str:
     if scenario != "demo":
         return ""
     lines = "".join(f"  {minute:>10}  {what}\n" for minute, what in STORY)
-    return f"What happens, minutes after the simulator started (pages: Alertmanager):\n{lines}"
+    return f"What happens, minutes after the simulator started (pages: see above):\n{lines}"
 
 
 def run_demo(
