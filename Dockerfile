@@ -9,11 +9,13 @@ ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY exporter/ exporter/
-# The same install CI runs (pip install of this project), without the dev/test extras;
-# every dependency ships a binary wheel, so no compiler is needed here either.
-RUN python -m venv /opt/gpufleet && /opt/gpufleet/bin/pip install .
+# The services' extras (agent and ledger; sim: the simulator, its numpy and pyyaml) at the
+# exact versions CI runs (constraints.txt), without the dev/test extras; every dependency
+# ships a binary wheel, so no compiler is needed here either.
+RUN python -m venv /opt/gpufleet \
+ && /opt/gpufleet/bin/pip install -c constraints.txt '.[agent,sim]'
 
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="gpufleet" \

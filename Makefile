@@ -2,12 +2,13 @@
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
-# adapters = real PyTorch (CPU) + Lightning + Transformers for the adapter tests;
-# `make test EXTRAS=dev` skips them (those tests then skip).
+# dev = every service (agent, sim, report) and the test tools; adapters = real PyTorch (CPU)
+# + Lightning + Transformers for the adapter tests; `make test EXTRAS=dev` skips them (those
+# tests then skip). Versions: the exact pins of constraints.txt within pyproject's ranges.
 EXTRAS ?= dev,adapters
 PY := $(VENV)/bin/python
 comma := ,
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-8)-$(subst $(comma),_,$(EXTRAS))
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha1sum | cut -c1-8)-$(subst $(comma),_,$(EXTRAS))
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: help venv binaries deploy-tools test pytest lint format check-generated generate demo \
@@ -24,10 +25,10 @@ help:
 	@echo "make bench-detect     detection benchmark: 256 nodes x 3 days x 3 seeds (~1 h)"
 	@echo "make bench-detect-quick  small detection benchmark (under 3 min)"
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[$(EXTRAS)]'
 	rm -f $(VENV)/.installed-* && touch $@
 
 venv: $(STAMP)
@@ -76,15 +77,17 @@ format: venv
 	$(VENV)/bin/ruff check --fix exporter tests bench
 	$(VENV)/bin/ruff format exporter tests bench
 
-GENERATED := alerts dashboards helm/gpufleet/files
+GENERATED := alerts dashboards helm/gpufleet/files exporter/gpufleet/deploy
 
 # Rule files come from exporter/gpufleet/rules/, dashboards from exporter/gpufleet/dashboards/;
 # never edit them by hand. The chart carries copies of the rules and dashboards
-# (helm/gpufleet/files/), refreshed last.
+# (helm/gpufleet/files/), refreshed last; the package carries copies of deploy/'s demo
+# configurations (exporter/gpufleet/deploy/) for `gpufleet demo` from a wheel.
 generate: venv
 	$(PY) -m gpufleet.rules --out alerts
 	$(PY) -m gpufleet.dashboards --out dashboards
 	$(PY) -m gpufleet.chart
+	$(PY) -m gpufleet.deploytree
 
 check-generated: generate
 	@git diff --exit-code --stat -- $(GENERATED) && \

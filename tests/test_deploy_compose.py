@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from deploy_tools import REPO, tool
-from gpufleet.cli import build_parser
+from gpufleet.cli import COMMAND_EXTRAS, build_parser
 from gpufleet.deploytree import DeployTree
 
 COMPOSE = REPO / "docker-compose.yml"
@@ -265,16 +265,20 @@ def test_dockerfile_builds_from_files_that_exist_and_runs_as_non_root() -> None:
     assert "NVIDIA_VISIBLE_DEVICES=all" in final
     assert "NVIDIA_DRIVER_CAPABILITIES=utility" in final
     assert not re.search(r"apt-get|gcc|build-essential", final), "no compilers in the final stage"
-    assert re.search(r"pip install \.$", text, flags=re.MULTILINE)
+    # The services' extras at the pins CI runs; the image serves agent, fleet and simulate.
+    (extras,) = re.findall(r"pip install -c constraints\.txt '\.\[([\w,]+)\]'$", text, re.MULTILINE)
+    needed = {COMMAND_EXTRAS[command] for command in ("agent", "fleet", "simulate")}
+    assert needed <= set(extras.split(","))
     ignore = [
         line for line in (REPO / ".dockerignore").read_text().splitlines()
         if line and not line.startswith("#")
     ]  # fmt: skip
-    assert ignore[0] == "*" and {"!pyproject.toml", "!README.md", "!exporter/"} <= set(ignore)
+    assert ignore[0] == "*"
+    assert {"!pyproject.toml", "!README.md", "!constraints.txt", "!exporter/"} <= set(ignore)
 
 
 def test_the_image_install_ships_every_command_and_its_data(tmp_path: Path) -> None:
-    # The Dockerfile runs `pip install .`: build that wheel here, without extras.
+    # The Dockerfile installs this project's wheel: build it here (extras change no file).
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
          "--wheel-dir", str(tmp_path), str(REPO)],
@@ -285,13 +289,16 @@ def test_the_image_install_ships_every_command_and_its_data(tmp_path: Path) -> N
     assert "gpufleet/pager.py" in names
     assert "gpufleet/simulate/scenarios/demo.yaml" in names
     assert "gpufleet/gpu/fixtures/h100-sxm-8gpu.json" in names
+    # `gpufleet demo` from a wheel copies these (tests/test_packaging.py runs it).
+    assert "gpufleet/deploy/prometheus/prometheus.yml" in names
+    assert "gpufleet/deploy/alertmanager/alertmanager.yml" in names
     entry_points = next(name for name in names if name.endswith("entry_points.txt"))
     assert "gpufleet = gpufleet.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 
 
-def test_image_commands_need_only_the_core_dependencies() -> None:
-    # The image installs no extras: the agent, ledger, simulator and pager must not
-    # import what only the dev, report or adapters extras bring.
+def test_image_commands_need_only_the_images_extras() -> None:
+    # The image installs the agent and sim extras: the agent, ledger, simulator and pager
+    # must not import what only the dev, report or adapters extras bring.
     script = """
 import sys
 BLOCKED = {"pandas", "matplotlib", "torch", "lightning", "pytorch_lightning",

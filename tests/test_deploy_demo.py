@@ -61,6 +61,8 @@ def test_demo_stack_runs_the_deploy_files_and_pages_reach_the_pager_log(
     tree = DeployTree(tmp_path / "etc").prepare()
     assert tree.prometheus_config.resolve() == REPO / "deploy/prometheus/prometheus.yml"
     assert tree.alertmanager_config.resolve() == REPO / "deploy/alertmanager/alertmanager.yml"
+    # The rules are generated into the tree by the package's generator, as from a wheel.
+    assert not tree.rules_dir.is_symlink() and list(tree.rules_dir.glob("*.rules.yaml"))
     pager_host, pager_port = tree.pager_address()
     # The pager's address is fixed by the config (compose shares it); wait out a neighbour.
     wait_until(lambda: port_is_free(pager_port), 120, what=f"port {pager_port} to be free")

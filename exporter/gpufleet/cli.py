@@ -22,6 +22,26 @@ from gpufleet.secrets import SecretFileError, read_secret_file
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
+# `pip install gpufleet` is the training client alone (standard library only); each
+# service's dependencies come with an extra (pyproject.toml). The extra a command needs,
+# and the extra that brings each third-party module, for the one-line hint when it is missing.
+COMMAND_EXTRAS = {
+    "agent": "agent",
+    "fleet": "agent",
+    "nvml-record": "agent",
+    "simulate": "sim",
+    "demo": "sim",
+    "mixin": "sim",
+    "report": "report",
+}
+MODULE_EXTRAS = {
+    **dict.fromkeys(
+        ("fastapi", "starlette", "pydantic", "uvicorn", "prometheus_client", "pynvml"), "agent"
+    ),
+    **dict.fromkeys(("numpy", "yaml"), "sim"),
+    **dict.fromkeys(("pandas", "matplotlib"), "report"),
+}
+
 
 class ConfigError(Exception):
     """A flag or environment value is unusable; the message names it and what is accepted."""
@@ -925,6 +945,15 @@ def _add_fleet_commands(commands: Commands) -> None:
     top.set_defaults(run=_run_exclusions_top)
 
 
+def missing_extra_hint(command: str, module: str | None) -> str | None:
+    """What to install when ``command`` failed to import ``module`` (None: not one of ours)."""
+    top = (module or "").split(".")[0]
+    if top not in MODULE_EXTRAS:
+        return None
+    extra = COMMAND_EXTRAS.get(command, MODULE_EXTRAS[top])
+    return f"{top} is not installed; this command needs pip install 'gpufleet[{extra}]'"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     namespace = parser.parse_args(argv)
@@ -933,5 +962,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(namespace)
     except ConfigError as error:
         parser.exit(2, f"gpufleet {namespace.command}: {error}\n")
+    except ModuleNotFoundError as error:
+        hint = missing_extra_hint(namespace.command, error.name)
+        if hint is None:
+            raise
+        parser.exit(1, f"gpufleet {namespace.command}: {hint}\n")
     except KeyboardInterrupt:
         return 130

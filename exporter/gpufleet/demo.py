@@ -7,8 +7,9 @@ to the ledger), a real Prometheus that discovers every virtual node through
 file_sd and evaluates gpufleet's rules, a real Alertmanager, and the pager whose
 log shows every page; prints where they are and what will happen when, and
 stops all of them on Ctrl-C. Prometheus and Alertmanager run the same
-configuration files under ``deploy/`` as ``docker compose up`` (see
-:mod:`gpufleet.deploytree`).
+configuration files under ``deploy/`` as ``docker compose up`` (from a wheel, the
+package's copies of them) and the rules the package generates into the work
+directory (see :mod:`gpufleet.deploytree`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import threading
 from pathlib import Path
 from types import FrameType
 
-from gpufleet.deploytree import REPO, DeployTree, DeployTreeError
+from gpufleet.deploytree import DeployTree, DeployTreeError
 from gpufleet.devstack import (
     AlertmanagerServer,
     DevstackError,
@@ -30,8 +31,6 @@ from gpufleet.devstack import (
     port_is_free,
     wait_until,
 )
-
-RULES_DIR = REPO / "alerts"
 
 # The demo scenario's story (scenarios/demo.yaml), in minutes after the simulator starts;
 # the README's demo section tells the same, tests/test_demo_story.py checks it.
@@ -49,11 +48,6 @@ STORY = (
 
 def _port(preferred: int) -> int:
     return preferred if port_is_free(preferred) else free_port()
-
-
-def rule_files() -> list[str]:
-    """The project's rule files, when run from a checkout that has them."""
-    return sorted(str(path) for path in RULES_DIR.glob("*.rules.yaml"))
 
 
 def story(scenario: str) -> str:
@@ -78,7 +72,7 @@ def run_demo(
         return 1
     if not port_is_free(pager_port):
         print(
-            f"gpufleet demo: port {pager_port} is taken; deploy/alertmanager/alertmanager.yml "
+            f"gpufleet demo: port {pager_port} is taken; {tree.alertmanager_config} "
             "sends pages there. Stop what listens on it, or edit the webhook URL.",
             file=sys.stderr,
         )
@@ -141,7 +135,7 @@ def run_demo(
         prometheus.start()
         started.append(prometheus)
         prometheus.wait_for_targets_up(nodes + 1, timeout=60)
-        rules = f"{len(rule_files())} rule files" if rule_files() else "no rule files yet"
+        rules = f"{len(list(tree.rules_dir.glob('*.rules.yaml')))} rule files"
         print(
             f"\ngpufleet demo is up ({nodes} simulated nodes, scenario {scenario}, {rules}; "
             f"logs and data in {workdir}):\n"

@@ -5,26 +5,47 @@ files name no host: Prometheus finds its targets and Alertmanagers through file_
 lists under ``targets/<job>/`` beside its configuration, and the pager listens on
 the loopback address the Alertmanager webhook names. :class:`DeployTree` builds
 the tree compose mounts (``<root>/deploy/prometheus/prometheus.yml``,
-``<root>/alerts``) in a work directory from symbolic links to the checkout's files,
-and writes the target lists with this machine's addresses.
+``<root>/alerts``) in a work directory and writes the target lists with this
+machine's addresses.
+
+In a checkout the two configurations are symbolic links to ``deploy/`` (the files
+compose mounts); installed from a wheel, where no ``deploy/`` exists, they are
+copied from the package, which carries verbatim copies of them (``gpufleet/deploy/``,
+refreshed by ``python -m gpufleet.deploytree`` in ``make generate``, checked by
+``make check-generated``). The rules are always generated into ``<root>/alerts`` by
+the package's own rule generator, the same code that writes ``alerts/``.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
-DEPLOY = REPO / "deploy"
 PROMETHEUS_CONFIG = Path("deploy/prometheus/prometheus.yml")
 ALERTMANAGER_CONFIG = Path("deploy/alertmanager/alertmanager.yml")
+CONFIGS = (PROMETHEUS_CONFIG, ALERTMANAGER_CONFIG)
+# Where the package keeps its copies of CONFIGS: gpufleet/deploy/<...> for deploy/<...>.
+PACKAGE_COPIES = Path("exporter/gpufleet")
 # file_sd directories the Prometheus configuration reads (targets/<job>/*.json).
 TARGET_JOBS = ("agents", "fleet", "alertmanager")
+
+
+def find_checkout() -> Path | None:
+    """The repository this package runs from, if it is a checkout with ``deploy/`` (not a wheel)."""
+    root = Path(__file__).resolve().parents[2]
+    if (root / "pyproject.toml").exists() and all((root / path).exists() for path in CONFIGS):
+        return root
+    return None
+
+
+CHECKOUT = find_checkout()
 
 
 class DeployTreeError(RuntimeError):
@@ -33,10 +54,13 @@ class DeployTreeError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class DeployTree:
-    """``deploy/`` and ``alerts/`` of the checkout, linked into ``root`` as compose mounts them."""
+    """The compose layout in ``root``: ``deploy/``'s configurations and generated rules.
+
+    ``checkout`` is the repository whose ``deploy/`` files are linked; None (a wheel
+    install) copies the package's copies of them instead."""
 
     root: Path
-    repo: Path = REPO
+    checkout: Path | None = CHECKOUT
 
     @property
     def prometheus_config(self) -> Path:
@@ -46,20 +70,29 @@ class DeployTree:
     def alertmanager_config(self) -> Path:
         return self.root / ALERTMANAGER_CONFIG
 
+    @property
+    def rules_dir(self) -> Path:
+        return self.root / "alerts"
+
     def prepare(self) -> DeployTree:
-        for relative in (PROMETHEUS_CONFIG, ALERTMANAGER_CONFIG, Path("alerts")):
-            source = self.repo / relative
-            if not source.exists():
-                raise DeployTreeError(
-                    f"{source} is missing: the demo runs from a gpufleet checkout"
-                )
-            link = self.root / relative
-            link.parent.mkdir(parents=True, exist_ok=True)
-            if link.is_symlink() or link.exists():
-                link.unlink()
-            # A link, not a copy: Prometheus resolves relative paths against the link's
-            # directory, and an edit to deploy/ shows on the next demo.
-            link.symlink_to(source)
+        from gpufleet.rules.__main__ import write_all
+
+        for relative in CONFIGS:
+            target = self.root / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if target.is_symlink() or target.exists():
+                target.unlink()
+            if self.checkout is not None:
+                # A link, not a copy: an edit to deploy/ shows on the next demo, and the
+                # demo runs the very file compose mounts.
+                target.symlink_to(self.checkout / relative)
+            else:
+                target.write_bytes(packaged_config(relative))
+        if self.rules_dir.is_symlink():
+            self.rules_dir.unlink()  # a work directory laid out by an older gpufleet
+        for stale in self.rules_dir.glob("*.rules.yaml"):
+            stale.unlink()
+        write_all(self.rules_dir)
         for job in TARGET_JOBS:
             self.targets_dir(job).mkdir(parents=True, exist_ok=True)
         return self
@@ -81,10 +114,50 @@ class DeployTree:
 
     def pager_address(self) -> tuple[str, int]:
         """Where the Alertmanager configuration sends pages (the pager listens there)."""
-        config = yaml.safe_load((self.repo / ALERTMANAGER_CONFIG).read_text())
+        config = yaml.safe_load(self.alertmanager_config.read_text())
         for receiver in config.get("receivers", []):
             for webhook in receiver.get("webhook_configs", []):
                 url = urllib.parse.urlsplit(webhook["url"])
                 if url.hostname and url.port:
                     return url.hostname, url.port
         raise DeployTreeError(f"{ALERTMANAGER_CONFIG} has no webhook receiver with host:port")
+
+
+def packaged_config(relative: Path) -> bytes:
+    """The package's copy of ``deploy/...`` file ``relative``."""
+    copy = resources.files("gpufleet").joinpath(*relative.parts)
+    if not copy.is_file():
+        raise DeployTreeError(f"the installed gpufleet package has no {relative}")
+    return copy.read_bytes()
+
+
+def sync_package_copies(root: Path) -> list[Path]:
+    """Copy ``root/deploy``'s demo configurations into the package; return the copies."""
+    written = []
+    for relative in CONFIGS:
+        target = root / PACKAGE_COPIES / relative
+        content = (root / relative).read_bytes()
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if not target.exists() or target.read_bytes() != content:
+            target.write_bytes(content)
+        written.append(target)
+    return written
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m gpufleet.deploytree",
+        description="Copy deploy/'s Prometheus and Alertmanager configurations into the "
+        "package, so that `gpufleet demo` runs them from a wheel too.",
+    )
+    parser.add_argument("--root", default=".", help="repository root (default: .)")
+    root = Path(parser.parse_args(argv).root)
+    if not all((root / path).exists() for path in CONFIGS):
+        parser.error(f"--root {root}: no {PROMETHEUS_CONFIG} there; run from the repository")
+    for path in sync_package_copies(root):
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
