@@ -27,7 +27,6 @@ from gpufleet.devstack import (
     free_port,
     http_get,
     http_json,
-    port_is_free,
     wait_until,
 )
 from gpufleet.pager import PagerHandler, page_lines
@@ -58,14 +57,18 @@ def test_demo_stack_runs_the_deploy_files_and_pages_reach_the_pager_log(
     prometheus_factory: Callable[..., PrometheusServer],
     alertmanager_factory: Callable[..., AlertmanagerServer],
 ) -> None:
-    tree = DeployTree(tmp_path / "etc").prepare()
+    # The deploy files, with the pager moved to a free port: a demo running beside the
+    # test (on the configured 9407) must not receive this test's pages.
+    tree = DeployTree(tmp_path / "etc", pager_port=free_port()).prepare()
     assert tree.prometheus_config.resolve() == REPO / "deploy/prometheus/prometheus.yml"
-    assert tree.alertmanager_config.resolve() == REPO / "deploy/alertmanager/alertmanager.yml"
+    deployed = (REPO / "deploy/alertmanager/alertmanager.yml").read_text()
+    pager_host, pager_port = tree.pager_address()
+    assert pager_port == tree.pager_port
+    assert tree.alertmanager_config.read_text() == deployed.replace(
+        f"{pager_host}:9407/", f"{pager_host}:{pager_port}/"
+    )
     # The rules are generated into the tree by the package's generator, as from a wheel.
     assert not tree.rules_dir.is_symlink() and list(tree.rules_dir.glob("*.rules.yaml"))
-    pager_host, pager_port = tree.pager_address()
-    # The pager's address is fixed by the config (compose shares it); wait out a neighbour.
-    wait_until(lambda: port_is_free(pager_port), 120, what=f"port {pager_port} to be free")
     start(
         processes,
         [sys.executable, "-m", "gpufleet.pager", "--listen", f"{pager_host}:{pager_port}"],

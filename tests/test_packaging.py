@@ -302,10 +302,11 @@ def test_gpufleet_demo_runs_from_a_wheel_install(install: Install, tmp_path: Pat
     (install.site_packages / "services.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     workdir = tmp_path / "demo"
     output = tmp_path / "demo.out"
+    pager_port = free_port()  # not the configured 9407: a demo may be running beside the test
     with output.open("w") as out:
         demo = subprocess.Popen(
             [str(install.python), "-m", "gpufleet", "demo", "--workdir", str(workdir),
-             "--nodes", "2", "--scenario", "healthy"],
+             "--nodes", "2", "--scenario", "healthy", "--pager-port", str(pager_port)],
             cwd=tmp_path, env=clean_env(), stdout=out, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
         try:
@@ -325,7 +326,8 @@ def test_gpufleet_demo_runs_from_a_wheel_install(install: Install, tmp_path: Pat
     assert f"{len(rules)} rule files" in text
     for relative in CONFIGS:
         copied = workdir / "etc" / relative
-        assert not copied.is_symlink() and copied.read_bytes() == (REPO / relative).read_bytes()
+        shipped = (REPO / relative).read_text().replace(":9407/", f":{pager_port}/")
+        assert not copied.is_symlink() and copied.read_text() == shipped
     assert "gpufleet demo stopped." in output.read_text()
 
 

@@ -767,7 +767,12 @@ def _run_demo(namespace: argparse.Namespace) -> int:
 
     from gpufleet.demo import run_demo
 
-    return run_demo(Path(namespace.workdir), namespace.scenario, namespace.nodes)
+    return run_demo(
+        Path(namespace.workdir),
+        namespace.scenario,
+        namespace.nodes,
+        pager_port=namespace.pager_port,
+    )
 
 
 def _run_mixin(namespace: argparse.Namespace) -> int:
@@ -824,6 +829,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--workdir", default=".demo", help="where logs and data go")
     demo.add_argument("--scenario", default="demo", help="simulator scenario (default: demo)")
     demo.add_argument("--nodes", type=int, default=64, help="simulated nodes (default: 64)")
+    demo.add_argument(
+        "--pager-port",
+        type=int,
+        help="run the pager on this port instead of the one deploy/alertmanager/alertmanager.yml "
+        "names (9407): Alertmanager then reads a copy with only that port changed",
+    )
     demo.set_defaults(run=_run_demo)
 
     mixin = commands.add_parser(

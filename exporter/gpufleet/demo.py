@@ -59,13 +59,17 @@ def story(scenario: str) -> str:
 
 
 def run_demo(
-    workdir: Path, scenario: str = "demo", nodes: int = 64, prometheus_port: int = 9090
+    workdir: Path,
+    scenario: str = "demo",
+    nodes: int = 64,
+    prometheus_port: int = 9090,
+    pager_port: int | None = None,
 ) -> int:
     workdir = workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     sim_port, fleet_port = _port(9500), _port(9406)
     try:
-        tree = DeployTree(workdir / "etc").prepare()
+        tree = DeployTree(workdir / "etc", pager_port=pager_port).prepare()
         pager_host, pager_port = tree.pager_address()
     except DeployTreeError as error:
         print(f"gpufleet demo: {error}", file=sys.stderr)
@@ -73,7 +77,8 @@ def run_demo(
     if not port_is_free(pager_port):
         print(
             f"gpufleet demo: port {pager_port} is taken; {tree.alertmanager_config} "
-            "sends pages there. Stop what listens on it, or edit the webhook URL.",
+            "sends pages there. Stop what listens on it (another demo?), or give "
+            "--pager-port.",
             file=sys.stderr,
         )
         return 1

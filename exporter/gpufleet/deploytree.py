@@ -61,6 +61,9 @@ class DeployTree:
 
     root: Path
     checkout: Path | None = CHECKOUT
+    # Another port for the pager than the configuration's (a second demo on one machine,
+    # tests): the Alertmanager configuration is then a copy with only that port changed.
+    pager_port: int | None = None
 
     @property
     def prometheus_config(self) -> Path:
@@ -88,6 +91,8 @@ class DeployTree:
                 target.symlink_to(self.checkout / relative)
             else:
                 target.write_bytes(packaged_config(relative))
+        if self.pager_port is not None:
+            self._move_pager(self.pager_port)
         if self.rules_dir.is_symlink():
             self.rules_dir.unlink()  # a work directory laid out by an older gpufleet
         for stale in self.rules_dir.glob("*.rules.yaml"):
@@ -111,6 +116,15 @@ class DeployTree:
         temporary.write_text(json.dumps([{"targets": list(addresses)}], indent=1))
         temporary.replace(path)  # atomically: Prometheus may read it at any moment
         return path
+
+    def _move_pager(self, port: int) -> None:
+        host, configured = self.pager_address()
+        text = self.alertmanager_config.read_text()
+        moved = text.replace(f"//{host}:{configured}/", f"//{host}:{port}/")
+        if moved == text and port != configured:
+            raise DeployTreeError(f"{ALERTMANAGER_CONFIG}: no webhook URL is {host}:{configured}")
+        self.alertmanager_config.unlink()  # a link to deploy/: replace it, never write through it
+        self.alertmanager_config.write_text(moved)
 
     def pager_address(self) -> tuple[str, int]:
         """Where the Alertmanager configuration sends pages (the pager listens there)."""
