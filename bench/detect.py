@@ -51,9 +51,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gpufleet.detect.evaluate import PrometheusRange, evaluate_all
+from gpufleet.detect.evaluate import evaluate_all
 from gpufleet.detect.score import LEDGER_ALERTS, EpisodeScore, PageScore, Scores, score
 from gpufleet.devstack import PrometheusServer, backfill
+from gpufleet.promapi import PrometheusApi
 from gpufleet.rules.inline import inlined_alerts
 from gpufleet.simulate.config import FaultRates, Scenario, load_scenario
 from gpufleet.simulate.history import write_history
@@ -277,7 +278,8 @@ def run_seed(
         ]
         started = time.monotonic()
         firings = evaluate_all(
-            PrometheusRange(prometheus.url),
+            # A chunk of weeks of history can take Prometheus minutes to evaluate.
+            PrometheusApi(prometheus.url, timeout=600.0),
             alerts,
             history.start + STEP_S,
             history.end,

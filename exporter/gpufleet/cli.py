@@ -605,12 +605,12 @@ def _run_report(namespace: argparse.Namespace) -> int:
     from gpufleet.fleet.client import LedgerError
     from gpufleet.fleet.report import (
         LedgerData,
-        PrometheusApi,
         ReportError,
         build_report,
         parse_since,
         write_report,
     )
+    from gpufleet.promapi import PrometheusApi, PrometheusError
 
     try:
         since = parse_since(namespace.since)
@@ -630,7 +630,7 @@ def _run_report(namespace: argparse.Namespace) -> int:
             PrometheusApi(namespace.prometheus), ledger, out, since, until=namespace.until
         )
         path = write_report(report, out, namespace.format)
-    except (ReportError, LedgerError) as error:
+    except (ReportError, LedgerError, PrometheusError) as error:
         print(f"gpufleet report: {error}", file=sys.stderr)
         return 1
     print(f"report written to {path} ({len(report.images)} charts)")

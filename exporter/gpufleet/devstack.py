@@ -15,13 +15,14 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
+
+from gpufleet.promapi import PrometheusApi, PrometheusUnreachable
 
 T = TypeVar("T")
 
@@ -92,7 +93,7 @@ def wait_until(
     while time.monotonic() < deadline:
         try:
             result = probe()
-        except (OSError, urllib.error.URLError, ValueError, KeyError) as error:
+        except (OSError, PrometheusUnreachable, ValueError, KeyError) as error:
             last_error = error
             result = None
         if result:
@@ -316,22 +317,20 @@ class PrometheusServer:
         with urllib.request.urlopen(request, timeout=10):  # noqa: S310
             pass
 
+    @property
+    def client(self) -> PrometheusApi:
+        return PrometheusApi(self.url, timeout=30.0)
+
     def api(self, path: str, **params: str) -> Any:
-        query = urllib.parse.urlencode(params)
-        payload = http_json(f"{self.url}/api/v1/{path}?{query}", timeout=30.0)
-        if payload.get("status") != "success":
-            raise DevstackError(f"Prometheus API {path} failed: {payload}")
-        return payload["data"]
+        """The ``data`` of ``GET /api/v1/<path>`` (``alerts``, ``rules``, ``targets``, ...)."""
+        return self.client.get(path, **params)
 
     def query(self, expr: str) -> list[dict[str, Any]]:
         """Instant vector query; returns the result list."""
-        result: list[dict[str, Any]] = self.api("query", query=expr)["result"]
-        return result
+        return self.client.query(expr)
 
     def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
-        data = self.api("query_range", query=expr, start=str(start), end=str(end), step=str(step))
-        result: list[dict[str, Any]] = data["result"]
-        return result
+        return self.client.query_range(expr, start, end, step)
 
     def active_targets(self) -> list[dict[str, Any]]:
         targets: list[dict[str, Any]] = self.api("targets", state="active")["activeTargets"]

@@ -10,13 +10,11 @@ the first evaluation that no longer returns it.
 
 from __future__ import annotations
 
-import json
-import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from gpufleet.promapi import PrometheusApi
 from gpufleet.rules.inline import AlertRule
 
 
@@ -68,32 +66,8 @@ def apply_for(
     return runs
 
 
-class PrometheusRange:
-    def __init__(self, url: str, timeout: float = 600.0) -> None:
-        self.url = url.rstrip("/")
-        self.timeout = timeout
-
-    def query_range(
-        self, expr: str, start: float, end: float, step: float
-    ) -> list[dict[str, object]]:
-        data = urllib.parse.urlencode(
-            {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
-        ).encode()
-        request = urllib.request.Request(  # noqa: S310 - a local Prometheus
-            f"{self.url}/api/v1/query_range",
-            data=data,
-            headers={"Content-Type": "application/x-www-form-urlencoded"},
-        )
-        with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310
-            payload = json.loads(response.read())
-        if payload.get("status") != "success":
-            raise RuntimeError(f"query_range failed: {payload.get('error')}")
-        result: list[dict[str, object]] = payload["data"]["result"]
-        return result
-
-
 def evaluate_alert(
-    api: PrometheusRange,
+    api: PrometheusApi,
     alert: AlertRule,
     start: float,
     end: float,
@@ -124,7 +98,7 @@ def evaluate_alert(
 
 
 def evaluate_all(
-    api: PrometheusRange,
+    api: PrometheusApi,
     alerts: list[AlertRule],
     start: float,
     end: float,

@@ -15,14 +15,13 @@ import json
 import math
 import sys
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpufleet.fleet.chains import DEFAULT_HEALTHY_AFTER_S, histories
+from gpufleet.promapi import PrometheusApi
 
 STRAGGLER_ALERT = "GpuFleetStragglerNode"
 
@@ -48,34 +47,6 @@ class Progress:
         if self.done == self.total:
             self.stream.write("\n")
         self.stream.flush()
-
-
-class PrometheusApi:
-    def __init__(self, url: str, timeout: float = 60.0) -> None:
-        self.url = url.rstrip("/")
-        self.timeout = timeout
-
-    def _get(self, path: str, **params: Any) -> Any:
-        query = urllib.parse.urlencode(params)
-        request = urllib.request.Request(f"{self.url}/api/v1/{path}?{query}")  # noqa: S310
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310
-                payload = json.loads(response.read())
-        except OSError as error:
-            raise ReportError(f"cannot query Prometheus at {self.url}: {error}") from None
-        if payload.get("status") != "success":
-            raise ReportError(f"Prometheus refused {params.get('query')}: {payload.get('error')}")
-        return payload["data"]["result"]
-
-    def query(self, expr: str, at: float) -> list[dict[str, Any]]:
-        result: list[dict[str, Any]] = self._get("query", query=expr, time=at)
-        return result
-
-    def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
-        result: list[dict[str, Any]] = self._get(
-            "query_range", query=expr, start=start, end=end, step=step
-        )
-        return result
 
 
 @dataclass(slots=True)
