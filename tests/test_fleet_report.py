@@ -121,3 +121,49 @@ def test_report_from_simulated_history_and_ledger(
     failed = sum(1 for a in truth["attempts"] if a["outcome"] == "failed")
     assert f"({failed} failures)" in text
     store.close()
+
+
+def test_the_report_counts_a_retry_recovered_exactly_when_its_chain_recovers(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("pandas")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from gpufleet.fleet.chains import histories
+    from gpufleet.fleet.report import LedgerData, Report, _Context, _recovery_section
+    from gpufleet.promapi import PrometheusApi
+
+    hour, until, healthy_after = 3600.0, 10 * 3600.0, 1800.0
+
+    def attempt(job: str, n: int, trigger: str, start: float, first: float | None,
+                end: float | None, outcome: str | None) -> dict[str, Any]:  # fmt: skip
+        return {"training_job": job, "attempt": n, "trigger": trigger, "started_at": start,
+                "first_step_at": first, "ended_at": end, "outcome": outcome}  # fmt: skip
+
+    attempts = [
+        # still running at the report's end, past healthy_after by then: recovered
+        attempt("a", 1, "initial", 0, 60, hour, "failed"),
+        attempt("a", 2, "auto", hour + 60, hour + 120, None, None),
+        # ran 80 s and failed, then one that never stepped, then a short success
+        attempt("b", 1, "initial", 0, 60, hour, "failed"),
+        attempt("b", 2, "auto", hour + 60, hour + 120, hour + 200, "failed"),
+        attempt("b", 3, "auto", hour + 300, None, hour + 400, "failed"),
+        attempt("b", 4, "auto", hour + 500, hour + 560, hour + 620, "success"),
+        # started too close to the end to have run healthy_after: not (yet) recovered
+        attempt("c", 1, "initial", 0, 60, until - 600, "failed"),
+        attempt("c", 2, "auto", until - 500, until - 400, None, None),
+    ]
+    report = Report("t", 0, until)
+    ctx = _Context(
+        PrometheusApi("http://127.0.0.1:1"),  # the recovery section reads only the ledger
+        LedgerData([], attempts),
+        tmp_path, 0, until, healthy_after, report, pd, plt,
+    )  # fmt: skip
+    body = _recovery_section(ctx)
+    row = next(line for line in body.splitlines() if line.startswith("| auto |"))
+    tried, recovered = (int(cell) for cell in row.strip("|").split("|")[1:3])
+
+    chains = [c for h in histories(attempts, until, healthy_after).values() for c in h.chains]
+    assert tried == sum(len(chain.attempts) for chain in chains) == 5
+    assert recovered == sum(chain.outcome == "recovered" for chain in chains) == 2

@@ -53,7 +53,10 @@ class JobHistory:
         return None
 
 
-def _healthy(attempt: Mapping[str, Any], now: float, healthy_after: float) -> bool:
+def attempt_recovered(attempt: Mapping[str, Any], now: float, healthy_after: float) -> bool:
+    """Did this attempt recover the job: it reached its first step, then finished
+    successfully or ran for ``healthy_after`` seconds (by its end, or by ``now``)?
+    The one definition: chains close on it and the report counts successes with it."""
     first = attempt.get("first_step_at")
     if first is None:
         return False
@@ -96,7 +99,7 @@ def job_history(
                 chain.outcome, chain.ended_at = "manual", float(attempt["started_at"])
             else:
                 chain.attempts.append(int(attempt["attempt"]))
-                if _healthy(attempt, now, healthy_after):
+                if attempt_recovered(attempt, now, healthy_after):
                     chain.outcome = "recovered"
                     chain.ended_at = float(attempt["first_step_at"])
                 elif attempt.get("outcome") == "failed":

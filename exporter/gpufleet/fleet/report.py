@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpufleet.fleet.chains import DEFAULT_HEALTHY_AFTER_S, histories
+from gpufleet.fleet.chains import DEFAULT_HEALTHY_AFTER_S, attempt_recovered, histories
 from gpufleet.promapi import PrometheusApi
 
 STRAGGLER_ALERT = "GpuFleetStragglerNode"
@@ -267,22 +267,16 @@ def _checkpoint_section(ctx: _Context) -> str:
     return body + ctx.chart("checkpoint_queue_share", draw)
 
 
-def _recovered(attempt: dict[str, Any], until: float, healthy_after: float) -> bool:
-    first = attempt.get("first_step_at")
-    if first is None:
-        return False
-    if attempt.get("outcome") == "success":
-        return True
-    return bool(((attempt.get("ended_at") or until) - first) >= healthy_after)
-
-
 def _recovery_section(ctx: _Context) -> str:
     pd = ctx.pd
     attempts = ctx.attempts()
     jobs = histories(attempts, ctx.until, ctx.healthy_after)
     tried = pd.DataFrame(
         [
-            {"trigger": a["trigger"], "recovered": _recovered(a, ctx.until, ctx.healthy_after)}
+            {
+                "trigger": a["trigger"],
+                "recovered": attempt_recovered(a, ctx.until, ctx.healthy_after),
+            }
             for a in attempts
             if a["trigger"] in ("auto", "manual")
         ]
