@@ -32,7 +32,6 @@ from gpufleet.fleet.store import (
     Stored,
 )
 
-DEFAULT_PORT = 9406
 MAX_BODY_BYTES = 64 * 1024
 PAGE_DEFAULT = 1000  # rows per page of a list, unless the client asks for fewer or more
 PAGE_MAX = 10_000

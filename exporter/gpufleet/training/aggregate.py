@@ -480,10 +480,6 @@ class TrainingAggregator(Collector):
 
     # -- exposition ---------------------------------------------------------------
 
-    def jobs(self) -> dict[str, JobState]:
-        """The live job states (read under no lock: for tests and the simulator's own use)."""
-        return self._jobs
-
     def collect(self) -> Iterator[Metric]:
         # Only the copy is made under the lock (O(series), no family objects, no text):
         # building and rendering the families happen after it, so ingest never waits on them.
