@@ -175,6 +175,18 @@ class Page:
     next_cursor: str | None  # None on the last page
 
 
+def _every_row(fetch_page: Callable[[str | None], Page]) -> list[dict[str, Any]]:
+    """The rows of every page, following the cursors from the first page to the last."""
+    rows: list[dict[str, Any]] = []
+    cursor: str | None = None
+    while True:
+        page = fetch_page(cursor)
+        rows += page.rows
+        if page.next_cursor is None:
+            return rows
+        cursor = page.next_cursor
+
+
 def _encode_cursor(values: list[Any]) -> str:
     return base64.urlsafe_b64encode(json.dumps(values).encode()).decode().rstrip("=")
 
@@ -517,18 +529,38 @@ class LedgerStore:
         with self._reader() as db:
             return [dict(row) for row in db.execute(sql, parameters).fetchall()]
 
+    def _page(
+        self,
+        table: str,
+        key: tuple[str, str],
+        key_types: tuple[type | tuple[type, ...], ...],
+        filters: list[tuple[str, Any]],
+        *,
+        limit: int,
+        cursor: str | None,
+    ) -> Page:
+        """One page of ``table`` in ``key`` order: keyset pagination, the cursor holding
+        the last row's key, so a page costs the same however deep it is."""
+        clauses = [clause for clause, _ in filters]
+        parameters = [value for _, value in filters]
+        if cursor is not None:
+            clauses.append(f"({key[0]}, {key[1]}) > (?, ?)")
+            parameters += _decode_cursor(cursor, key_types)
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        rows = self._rows(
+            f"SELECT * FROM {table} {where} ORDER BY {key[0]}, {key[1]} LIMIT ?",  # noqa: S608 - fixed tables, columns and clauses
+            (*parameters, limit + 1),
+        )
+        more = len(rows) > limit
+        rows = rows[:limit]
+        last = rows[-1] if rows else None
+        return Page(rows, _encode_cursor([last[key[0]], last[key[1]]]) if more and last else None)
+
     def exclusions(
         self, node: str | None = None, since: float | None = None, until: float | None = None
     ) -> list[dict[str, Any]]:
         """Every matching exclusion in time order (scripts and reports; the API pages)."""
-        rows: list[dict[str, Any]] = []
-        cursor: str | None = None
-        while True:
-            page = self.exclusions_page(node, since, until, limit=10_000, cursor=cursor)
-            rows += page.rows
-            if page.next_cursor is None:
-                return rows
-            cursor = page.next_cursor
+        return _every_row(lambda cursor: self.exclusions_page(node, since, until, 10_000, cursor))
 
     def exclusions_page(
         self,
@@ -538,30 +570,16 @@ class LedgerStore:
         limit: int = 1000,
         cursor: str | None = None,
     ) -> Page:
-        clauses: list[str] = []
-        parameters: list[Any] = []
+        filters: list[tuple[str, Any]] = []
         if node:
-            clauses.append("node = ?")
-            parameters.append(node)
+            filters.append(("node = ?", node))
         if since is not None:
-            clauses.append("excluded_at >= ?")
-            parameters.append(since)
+            filters.append(("excluded_at >= ?", since))
         if until is not None:
-            clauses.append("excluded_at < ?")
-            parameters.append(until)
-        if cursor is not None:
-            clauses.append("(excluded_at, id) > (?, ?)")
-            parameters += _decode_cursor(cursor, ((int, float), int))
-        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        rows = self._rows(
-            f"SELECT * FROM exclusions {where} ORDER BY excluded_at, id LIMIT ?",  # noqa: S608 - fixed clauses
-            (*parameters, limit + 1),
-        )
-        more = len(rows) > limit
-        rows = rows[:limit]
-        last = rows[-1] if rows else None
-        return Page(
-            rows, _encode_cursor([last["excluded_at"], last["id"]]) if more and last else None
+            filters.append(("excluded_at < ?", until))
+        key_types = ((int, float), int)
+        return self._page(
+            "exclusions", ("excluded_at", "id"), key_types, filters, limit=limit, cursor=cursor
         )
 
     def exclusions_by_node(self, since: float) -> list[tuple[str, int]]:
@@ -580,37 +598,14 @@ class LedgerStore:
 
     def attempts(self, training_job: str | None = None) -> list[dict[str, Any]]:
         """Every attempt, by job and number (scripts and reports; the API pages)."""
-        rows: list[dict[str, Any]] = []
-        cursor: str | None = None
-        while True:
-            page = self.attempts_page(training_job, limit=10_000, cursor=cursor)
-            rows += page.rows
-            if page.next_cursor is None:
-                return rows
-            cursor = page.next_cursor
+        return _every_row(lambda cursor: self.attempts_page(training_job, 10_000, cursor))
 
     def attempts_page(
         self, training_job: str | None = None, limit: int = 1000, cursor: str | None = None
     ) -> Page:
-        clauses: list[str] = []
-        parameters: list[Any] = []
-        if training_job:
-            clauses.append("training_job = ?")
-            parameters.append(training_job)
-        if cursor is not None:
-            clauses.append("(training_job, attempt) > (?, ?)")
-            parameters += _decode_cursor(cursor, (str, int))
-        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        rows = self._rows(
-            f"SELECT * FROM attempts {where} ORDER BY training_job, attempt LIMIT ?",  # noqa: S608 - fixed clauses
-            (*parameters, limit + 1),
-        )
-        more = len(rows) > limit
-        rows = rows[:limit]
-        last = rows[-1] if rows else None
-        return Page(
-            rows, _encode_cursor([last["training_job"], last["attempt"]]) if more and last else None
-        )
+        filters = [("training_job = ?", training_job)] if training_job else []
+        key = ("training_job", "attempt")
+        return self._page("attempts", key, (str, int), filters, limit=limit, cursor=cursor)
 
     def snapshot(self) -> LedgerSnapshot:
         """What /metrics exports, read in one transaction: O(series) rows, not the history."""
