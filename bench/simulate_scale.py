@@ -28,6 +28,7 @@ from gpufleet.devstack import (
     ManagedProcess,
     PrometheusServer,
     backfill,
+    file_sd_scrape_config,
     free_port,
     http_get,
     wait_until,
@@ -69,8 +70,7 @@ def live(nodes: int, minutes: float, workdir: Path) -> None:
         workdir / "prometheus",
         port=prometheus_port,
         scrape_configs=[
-            {"job_name": "gpufleet-agent",
-             "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "5s"}]},
+            file_sd_scrape_config("gpufleet-agent", targets, refresh="5s"),
             {"job_name": "prometheus",
              "static_configs": [{"targets": [f"127.0.0.1:{prometheus_port}"]}]},
         ],

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from gpufleet.devstack import PrometheusServer, free_port, wait_until
+from gpufleet.devstack import PrometheusServer, file_sd_scrape_config, free_port, wait_until
 from gpufleet.gpu.dcgm_shape import (
     Counter,
     DcgmNode,
@@ -205,10 +205,7 @@ def test_every_fault_pages_its_node_and_nothing_else_pages(
     targets = tmp_path / "targets.json"
     fleet.write_targets(targets)
     rules = [str(path) for path in write_all(tmp_path / "rules", FAST)]
-    scrape = {
-        "job_name": shape.job,
-        "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}],
-    }
+    scrape = file_sd_scrape_config(shape.job, targets)
     prometheus = prometheus_factory(scrape_configs=[scrape], rule_files=rules)
     prometheus.wait_for_targets_up(7, timeout=60)
     healthy_from = time.time()

@@ -25,6 +25,7 @@ import pytest
 from gpufleet.devstack import (
     AlertmanagerServer,
     PrometheusServer,
+    file_sd_scrape_config,
     http_json,
     static_scrape_config,
     wait_until,
@@ -96,10 +97,7 @@ def test_the_demo_pages_straggler_then_checkpoint_then_xid_and_recovers(
     targets.write_text("[]")
     prometheus = prometheus_factory(
         scrape_configs=[
-            {
-                "job_name": "gpufleet-agent",
-                "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}],
-            },
+            file_sd_scrape_config("gpufleet-agent", targets),
             static_scrape_config("gpufleet-fleet", [f"127.0.0.1:{ledger.port}"]),
         ],
         rule_files=rules,

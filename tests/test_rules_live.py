@@ -24,6 +24,7 @@ from gpufleet.devstack import (
     PrometheusServer,
     VictoriaMetricsServer,
     VmalertServer,
+    file_sd_scrape_config,
     wait_until,
 )
 from gpufleet.rules.__main__ import write_all
@@ -111,10 +112,7 @@ def test_a_straggler_and_an_xid_79_page_for_the_right_nodes_and_nothing_else(
     try:
         manager = alertmanager_factory(webhook_url=webhook_receiver.url)
         silent_manager = alertmanager_factory()  # the sharded path is compared, not paged
-        scrape = {
-            "job_name": "gpufleet-agent",
-            "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}],
-        }
+        scrape = file_sd_scrape_config("gpufleet-agent", targets)
         prometheus = prometheus_factory(
             scrape_configs=[scrape], rule_files=rules, alertmanager_urls=[manager.url]
         )

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gpufleet.devstack import PrometheusServer, backfill, wait_until
+from gpufleet.devstack import PrometheusServer, backfill, file_sd_scrape_config, wait_until
 from gpufleet.simulate.cluster import Cluster
 from gpufleet.simulate.config import load_scenario
 from gpufleet.simulate.history import write_history
@@ -42,12 +42,7 @@ def test_prometheus_scrapes_64_virtual_nodes_and_sees_a_killed_one_down(
         targets = tmp_path / "targets.json"
         simulator.write_targets(targets, f"127.0.0.1:{server.port}")
         prometheus = prometheus_factory(
-            scrape_configs=[
-                {
-                    "job_name": "gpufleet-agent",
-                    "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}],
-                }
-            ]
+            scrape_configs=[file_sd_scrape_config("gpufleet-agent", targets)]
         )
         prometheus.wait_for_targets_up(64, timeout=90)
         assert value(prometheus.query("count(DCGM_FI_DEV_GPU_TEMP)")) == 512

@@ -225,6 +225,14 @@ def static_scrape_config(
     }
 
 
+def file_sd_scrape_config(job: str, targets_file: Path, refresh: str = "1s") -> dict[str, Any]:
+    """A scrape job whose targets come from a file_sd file (the simulator writes one)."""
+    return {
+        "job_name": job,
+        "file_sd_configs": [{"files": [str(targets_file)], "refresh_interval": refresh}],
+    }
+
+
 @dataclass
 class PrometheusServer:
     workdir: Path
