@@ -17,6 +17,7 @@ import pytest
 from gpufleet.agent.app import Agent, AgentSettings
 from gpufleet.client import Reporter, job_from_environment, rank_from_environment
 from gpufleet.devstack import free_port, wait_until
+from gpufleet.training import client as training_client
 
 
 def start_agent(
@@ -219,21 +220,9 @@ def test_disabled_reporter_does_nothing(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_configuration_from_launcher_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in (
-        "GPUFLEET_TRAINING_JOB",
-        "TORCHELASTIC_RUN_ID",
-        "SLURM_JOB_ID",
-        "PBS_JOBID",
-        "LSB_JOBID",
-        "JOB_ID",
-        "RANK",
-        "SLURM_PROCID",
-        "OMPI_COMM_WORLD_RANK",
-        "PMI_RANK",
-        "PMIX_RANK",
-        "GPUFLEET_AGENT_URL",
-        "GPUFLEET_INGEST_TOKEN",
-    ):
+    # every variable the client reads, so the machine running the test cannot leak in
+    read = (*training_client._JOB_VARIABLES, *training_client._RANK_VARIABLES)
+    for name in (*read, "GPUFLEET_AGENT_URL", "GPUFLEET_INGEST_TOKEN"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # torchrun's placeholder is skipped
     monkeypatch.setenv("SLURM_JOB_ID", "812345")
