@@ -11,13 +11,13 @@ write): wrap your own save in ``reporter.checkpoint()`` if you need them.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
 from transformers import TrainerCallback
 
 from gpufleet.training.client import Reporter
+from gpufleet.training.stepclock import StepClock
 
 
 class GpuFleetTrainerCallback(TrainerCallback):  # type: ignore[misc]
@@ -42,9 +42,7 @@ class GpuFleetTrainerCallback(TrainerCallback):  # type: ignore[misc]
         self._pp_stage = pp_stage
         self._tokens = tokens_per_step
         self._synchronize_cuda = synchronize_cuda
-        self._sync: Callable[[], object] | None = None
-        self._last_end: float | None = None
-        self._started = 0.0
+        self._clock = StepClock()
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.reporter is None:
@@ -52,25 +50,16 @@ class GpuFleetTrainerCallback(TrainerCallback):  # type: ignore[misc]
         if self._synchronize_cuda and str(getattr(args, "device", "")).startswith("cuda"):
             import torch
 
-            self._sync = torch.cuda.synchronize
+            self._clock.sync = torch.cuda.synchronize
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._started = time.perf_counter()
-        if self._last_end is None:
-            self._last_end = self._started
+        self._clock.begin()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self._sync is not None:
-            self._sync()
-        ended = time.perf_counter()
-        previous = self._last_end if self._last_end is not None else self._started
-        self._last_end = ended
-        data_wait = max(0.0, self._started - previous)
-        if data_wait > 60.0:  # evaluation or saving ran in between: not data loading
-            previous, data_wait = self._started, 0.0
+        step_s, data_wait = self._clock.end()
         if self.reporter is not None:
             self.reporter.record_step(
-                ended - previous,
+                step_s,
                 data_wait_s=data_wait,
                 tokens=self._tokens(state) if self._tokens is not None else 0,
                 step=int(state.global_step),

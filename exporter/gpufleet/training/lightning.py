@@ -12,7 +12,6 @@ counted in the batch that launched them.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +21,7 @@ except ImportError:  # the standalone package of Lightning < 2.0 naming
     from pytorch_lightning.callbacks import Callback
 
 from gpufleet.training.client import Reporter
+from gpufleet.training.stepclock import StepClock
 
 
 class GpuFleetCallback(Callback):  # type: ignore[misc]
@@ -48,9 +48,7 @@ class GpuFleetCallback(Callback):  # type: ignore[misc]
         self._pp_stage = pp_stage
         self._tokens = tokens_per_batch
         self._synchronize_cuda = synchronize_cuda
-        self._sync: Callable[[], object] | None = None
-        self._last_end: float | None = None
-        self._started = 0.0
+        self._clock = StepClock()
         self._train_steps = 0
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
@@ -60,27 +58,18 @@ class GpuFleetCallback(Callback):  # type: ignore[misc]
         if self._synchronize_cuda and getattr(device, "type", "") == "cuda":
             import torch
 
-            self._sync = torch.cuda.synchronize
+            self._clock.sync = torch.cuda.synchronize
 
     def _begin(self) -> None:
-        self._started = time.perf_counter()
-        if self._last_end is None:
-            self._last_end = self._started
+        self._clock.begin()
 
     def _end(self, batch: Any, phase: str) -> None:
-        if self._sync is not None:
-            self._sync()
-        ended = time.perf_counter()
-        previous = self._last_end if self._last_end is not None else self._started
-        self._last_end = ended
-        data_wait = max(0.0, self._started - previous)
-        if data_wait > 60.0:  # a pause (checkpoint, eval) between batches is not data loading
-            previous, data_wait = self._started, 0.0
+        step_s, data_wait = self._clock.end()
         tokens = self._tokens(batch) if self._tokens is not None else 0
         if self.reporter is None:
             return
         self.reporter.record_step(
-            ended - previous,
+            step_s,
             data_wait_s=data_wait,
             tokens=tokens,
             phase=phase,  # type: ignore[arg-type]
