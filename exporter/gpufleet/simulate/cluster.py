@@ -202,6 +202,16 @@ class Cluster:
         record.last = xid
         record.last_time = when
 
+    def _uncorrectable_hbm_error(self, node: int, gpu: int) -> None:
+        """A double-bit HBM error: counted, its row remapped, the remap pending a reset."""
+        for name in (
+            "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+            "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+            "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        ):
+            self.counters[name][node, gpu] += 1
+        self.counters["DCGM_FI_DEV_ROW_REMAP_PENDING"][node, gpu] = 1
+
     def _apply_fail_stop(self, episode: Episode) -> None:
         assert episode.node is not None and episode.gpu is not None and episode.cause
         node, gpu = episode.node, episode.gpu
@@ -227,13 +237,7 @@ class Cluster:
                 10, 500
             )
         elif effect == Effect.HBM_ECC:
-            for name in (
-                "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
-                "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
-                "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
-            ):
-                counters[name][node, gpu] += 1
-            counters["DCGM_FI_DEV_ROW_REMAP_PENDING"][node, gpu] = 1
+            self._uncorrectable_hbm_error(node, gpu)
             if episode.xid == 64:
                 counters["DCGM_FI_DEV_ROW_REMAP_FAILURE"][node, gpu] = 1
         elif effect == Effect.SRAM_ECC:
@@ -274,13 +278,7 @@ class Cluster:
             counters["DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"][node, gpu] += self.rng.poisson(climbed / 20.0)
         if start <= climb_end < end:
             self._record_xid(node, gpu, 48, climb_end)
-            for name in (
-                "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
-                "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
-                "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
-            ):
-                counters[name][node, gpu] += 1
-            counters["DCGM_FI_DEV_ROW_REMAP_PENDING"][node, gpu] = 1
+            self._uncorrectable_hbm_error(node, gpu)
         if start <= episode.end < end:
             self._record_xid(node, gpu, 64, episode.end)
             counters["DCGM_FI_DEV_ROW_REMAP_FAILURE"][node, gpu] = 1
