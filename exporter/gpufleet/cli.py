@@ -173,6 +173,15 @@ class _Option:
             raise ConfigError(f"{origin}: {error}") from None
 
 
+# Both servers log the same way.
+_LOG_LEVEL = _Option(
+    "--log-level",
+    "GPUFLEET_LOG_LEVEL",
+    _choice("debug", "info", "warning", "error"),
+    "info",
+    "log level",
+)
+
 AGENT_OPTIONS = (
     _Option("--listen", "GPUFLEET_LISTEN", _listen, "0.0.0.0:9405", "HOST:PORT to serve on"),
     _Option(
@@ -303,13 +312,7 @@ AGENT_OPTIONS = (
         "64",
         "HTTP connections one client address may hold",
     ),
-    _Option(
-        "--log-level",
-        "GPUFLEET_LOG_LEVEL",
-        _choice("debug", "info", "warning", "error"),
-        "info",
-        "log level",
-    ),
+    _LOG_LEVEL,
 )
 
 
@@ -387,13 +390,7 @@ FLEET_OPTIONS = (
         "7d",
         "how long an Idempotency-Key is remembered (a retry must come within it), e.g. 7d, 48h",
     ),
-    _Option(
-        "--log-level",
-        "GPUFLEET_LOG_LEVEL",
-        _choice("debug", "info", "warning", "error"),
-        "info",
-        "log level",
-    ),
+    _LOG_LEVEL,
 )
 
 
@@ -413,10 +410,14 @@ def ingest_token(token_file: str | None) -> str | None:
             "both an ingest token file (--ingest-token-file / GPUFLEET_INGEST_TOKEN_FILE) and "
             "GPUFLEET_INGEST_TOKEN are set; keep one"
         )
+    return _read_secret("--ingest-token-file", token_file)
+
+
+def _read_secret(flag: str, path: str) -> str:
     try:
-        return read_secret_file(token_file)
+        return read_secret_file(path)
     except SecretFileError as error:
-        raise ConfigError(f"--ingest-token-file: {error}") from None
+        raise ConfigError(f"{flag}: {error}") from None
 
 
 def _run_agent(namespace: argparse.Namespace) -> int:
@@ -490,10 +491,7 @@ def _secret(values: dict[str, Any], name: str) -> str | None:
         raise ConfigError(f"set --{flag} or --{flag}-file, not both")
     if not path:
         return str(direct) if direct else None
-    try:
-        return read_secret_file(path)
-    except SecretFileError as error:
-        raise ConfigError(f"--{flag}-file: {error}") from None
+    return _read_secret(f"--{flag}-file", path)
 
 
 def _run_fleet(namespace: argparse.Namespace) -> int:
