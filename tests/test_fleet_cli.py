@@ -74,6 +74,24 @@ def test_the_ledger_takes_its_token_from_a_file_for_writes_and_reads(tmp_path: P
 
 
 @pytest.mark.parametrize(
+    ("argv", "prefix"),
+    [
+        (["exclude", "node-017", "--reason", "xid79"], "gpufleet exclude: "),
+        (["release", "node-017"], "gpufleet release: "),
+        (["exclusions", "top"], "gpufleet exclusions top: "),
+    ],
+)
+def test_a_ledger_command_without_a_ledger_exits_1_with_one_line(
+    argv: list[str], prefix: str
+) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    result = run_cli(*argv, "--fleet-url", url)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith(f"{prefix}cannot reach the ledger at {url}")
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
     ("argv", "env", "message"),
     [
         (["--token", "a", "--token-file", "x"], {}, "set --token or --token-file, not both"),

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet import __version__
+from gpufleet.fleet.client import LedgerError
 from gpufleet.secrets import SecretFileError, read_secret_file
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -556,40 +557,22 @@ def _ledger(namespace: argparse.Namespace) -> Any:
 
 
 def _run_exclude(namespace: argparse.Namespace) -> int:
-    from gpufleet.fleet.client import LedgerError
-
     fields = {"source": namespace.source, "note": namespace.note}
     if namespace.job:
         fields["training_job"] = namespace.job
-    try:
-        stored = _ledger(namespace).exclude(namespace.node, namespace.reason, **fields)
-    except LedgerError as error:
-        print(f"gpufleet exclude: {error}", file=sys.stderr)
-        return 1
+    stored = _ledger(namespace).exclude(namespace.node, namespace.reason, **fields)
     print(f"excluded {stored['node']} (exclusion {stored['id']})")
     return 0
 
 
 def _run_release(namespace: argparse.Namespace) -> int:
-    from gpufleet.fleet.client import LedgerError
-
-    try:
-        stored = _ledger(namespace).release(namespace.node, note=namespace.note)
-    except LedgerError as error:
-        print(f"gpufleet release: {error}", file=sys.stderr)
-        return 1
+    stored = _ledger(namespace).release(namespace.node, note=namespace.note)
     print(f"released {stored['node']}")
     return 0
 
 
 def _run_exclusions_top(namespace: argparse.Namespace) -> int:
-    from gpufleet.fleet.client import LedgerError
-
-    try:
-        top = _ledger(namespace).get("/v1/exclusions/top", days=namespace.days)
-    except LedgerError as error:
-        print(f"gpufleet exclusions top: {error}", file=sys.stderr)
-        return 1
+    top = _ledger(namespace).get("/v1/exclusions/top", days=namespace.days)
     print(f"exclusions in the last {namespace.days:g} days: {top['total']} on {top['nodes']} nodes")
     print(f"{'rank':>4}  {'node':24} {'exclusions':>10} {'share':>7}")
     for rank, row in enumerate(top["leaderboard"], start=1):
@@ -599,8 +582,6 @@ def _run_exclusions_top(namespace: argparse.Namespace) -> int:
 
 
 def _run_report(namespace: argparse.Namespace) -> int:
-
-    from gpufleet.fleet.client import LedgerError
     from gpufleet.fleet.report import (
         LedgerData,
         ReportError,
@@ -628,7 +609,7 @@ def _run_report(namespace: argparse.Namespace) -> int:
             PrometheusApi(namespace.prometheus), ledger, out, since, until=namespace.until
         )
         path = write_report(report, out, namespace.format)
-    except (ReportError, LedgerError, PrometheusError) as error:
+    except (ReportError, PrometheusError) as error:
         print(f"gpufleet report: {error}", file=sys.stderr)
         return 1
     print(f"report written to {path} ({len(report.images)} charts)")
@@ -976,5 +957,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if hint is None:
             raise
         parser.exit(1, f"gpufleet {namespace.command}: {hint}\n")
+    except LedgerError as error:  # the ledger refused the command, or cannot be reached
+        command = " ".join(filter(None, (namespace.command, getattr(namespace, "view", None))))
+        print(f"gpufleet {command}: {error}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
