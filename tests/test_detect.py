@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from gpufleet.detect.evaluate import Firing, apply_for
-from gpufleet.detect.score import score
+from gpufleet.detect.score import EpisodeScore, score
 
 ROOT = Path(__file__).resolve().parents[1]
 T0 = 1_800_000_000.0
@@ -138,6 +138,23 @@ def firing(
     return Firing(alert, severity, tuple(sorted(labels.items())), start, end, start)
 
 
+def straggler_page(node: str) -> Firing:
+    """GpuFleetStragglerNode 9 minutes into episode 1 (n2 30% slower from 2 h to 3 h)."""
+    return firing(
+        "GpuFleetStragglerNode", T0 + 2 * 3600 + 540, T0 + 3 * 3600, node=node, training_job="llm"
+    )
+
+
+def job_slowdown_page(delay_s: float, **labels: str) -> Firing:
+    """GpuFleetJobSlowdown ``delay_s`` into episode 3 (the job 20% slower from 6 h to 7 h)."""
+    return firing("GpuFleetJobSlowdown", T0 + 6 * 3600 + delay_s, T0 + 7 * 3600, **labels)
+
+
+def episode_score(truth: dict[str, Any], id_: int) -> EpisodeScore:
+    """Episode ``id_`` as scored with no firings at all."""
+    return next(e for e in score(truth, []).episodes if e.id == id_)
+
+
 class TestScore:
     def test_right_alert_for_the_right_node_detects_with_its_delay(
         self, truth: dict[str, Any]
@@ -149,16 +166,8 @@ class TestScore:
                 firing(
                     "GpuFleetGpuLost", T0 + 10 * hour + 45, T0 + 11 * hour, "critical", node="n1"
                 ),
-                firing(
-                    "GpuFleetStragglerNode",
-                    T0 + 2 * hour + 540,
-                    T0 + 3 * hour,
-                    node="n2",
-                    training_job="llm",
-                ),
-                firing(
-                    "GpuFleetJobSlowdown", T0 + 6 * hour + 480, T0 + 7 * hour, training_job="llm"
-                ),
+                straggler_page("n2"),
+                job_slowdown_page(480, training_job="llm"),
             ],
         )
         by_id = {e.id: e for e in scores.episodes}
@@ -215,19 +224,7 @@ class TestScore:
     def test_a_page_for_the_wrong_node_is_false_and_detects_nothing(
         self, truth: dict[str, Any]
     ) -> None:
-        hour = 3600.0
-        scores = score(
-            truth,
-            [
-                firing(
-                    "GpuFleetStragglerNode",
-                    T0 + 2 * hour + 540,
-                    T0 + 3 * hour,
-                    node="n3",
-                    training_job="llm",
-                )
-            ],
-        )
+        scores = score(truth, [straggler_page("n3")])
         assert not next(e for e in scores.episodes if e.id == 1).detected
         assert scores.recall("fail-slow compute") == 0.0
         assert scores.recall("fail-slow compute", "fail-slow communication") == 0.0
@@ -249,23 +246,11 @@ class TestScore:
     def test_a_job_page_is_not_credited_to_a_node_episode_and_vice_versa(
         self, truth: dict[str, Any]
     ) -> None:
-        hour = 3600.0
         scores = score(
             truth,
             [
-                firing(
-                    "GpuFleetJobSlowdown",
-                    T0 + 6 * hour + 480,
-                    T0 + 7 * hour,
-                    node="n0",
-                    training_job="llm",
-                ),
-                firing(
-                    "GpuFleetJobSlowdown",
-                    T0 + 6 * hour + 600,
-                    T0 + 7 * hour,
-                    training_job="other-job",
-                ),
+                job_slowdown_page(480, node="n0", training_job="llm"),
+                job_slowdown_page(600, training_job="other-job"),
             ],
         )
         assert scores.recall("fail-slow communication") == 0.0
@@ -290,7 +275,7 @@ class TestScore:
         moved = copy.deepcopy(truth)
         slow = next(e for e in moved["episodes"] if e["id"] == 1)
         slow.update(node="n1", start=T0 + 11 * hour, end=T0 + 12 * hour)
-        result = next(e for e in score(moved, []).episodes if e.id == 1)
+        result = episode_score(moved, 1)
         assert not result.scored and "not training" in result.note
 
     def test_eval_and_checkpoint_time_is_not_training_time(self, truth: dict[str, Any]) -> None:
@@ -300,12 +285,12 @@ class TestScore:
         slow = next(e for e in moved["episodes"] if e["id"] == 1)
         start = T0 + 2 * 3600.0
         slow.update(end=start + 660)
-        assert next(e for e in score(moved, []).episodes if e.id == 1).scored
+        assert episode_score(moved, 1).scored
         moved["episodes"] += [
             episode(20, "eval", start + 360, start + 660),
             episode(21, "checkpoint", start + 100, start + 220),
         ]
-        result = next(e for e in score(moved, []).episodes if e.id == 1)
+        result = episode_score(moved, 1)
         assert not result.scored and "not training" in result.note
 
     def test_a_job_fail_stop_while_the_job_is_already_down_is_not_scored(
