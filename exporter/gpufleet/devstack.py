@@ -508,7 +508,8 @@ class VmalertServer:
             self.process.stop()
 
     def firing_alerts(self) -> list[dict[str, Any]]:
-        # vmalert answers "alerts": null while nothing is pending or firing
-        data = http_json(f"{self.url}/api/v1/alerts")["data"]
+        # vmalert serves Prometheus's alerts API, but answers "alerts": null while nothing
+        # is pending or firing
+        data = PrometheusApi(self.url, timeout=5.0).get("alerts")
         alerts: list[dict[str, Any]] = data.get("alerts") or []
         return [alert for alert in alerts if alert["state"] == "firing"]
