@@ -22,7 +22,7 @@ help:
 	@echo "make check-generated  fail if a generated file differs from what the code makes"
 	@echo "make dashboard-previews  draw every dashboard's panels from a simulated cluster (docs/dashboards/)"
 	@echo "make bench            every benchmark, headline figures in one table (~25 min)"
-	@echo "make bench-detect     detection benchmark: 256 nodes x 3 days x 3 seeds (~1 h)"
+	@echo "make bench-detect     detection benchmark: 256 nodes x 3 days x 3 seeds (~15 min)"
 	@echo "make bench-detect-quick  small detection benchmark (under 3 min)"
 
 $(STAMP): pyproject.toml constraints.txt
