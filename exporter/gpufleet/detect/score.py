@@ -104,55 +104,24 @@ class Scores:
     def by_class(self) -> list[dict[str, Any]]:
         rows = []
         for klass in sorted({e.klass for e in self.episodes}):
-            members = self._scored(klass)
-            low, high = self.recall_interval(klass)
-            times = self.detection_times(klass)
-            rows.append(
-                {
-                    "class": klass,
-                    "episodes": len(members),
-                    "detected": sum(e.detected for e in members),
-                    "recall": self.recall(klass),
-                    "recall_low": low,
-                    "recall_high": high,
-                    "ttd_median_s": self.ttd_median(klass),
-                    "ttd_p25_s": _quantile(times, 0.25),
-                    "ttd_p75_s": _quantile(times, 0.75),
-                    "ttd_p90_s": _quantile(times, 0.9),
-                    "not scored": sum(
-                        1 for e in self.episodes if e.klass == klass and not e.scored
-                    ),
-                }
-            )
+            unscored = sum(1 for e in self.episodes if e.klass == klass and not e.scored)
+            rows.append({"class": klass, **_summary(self._scored(klass)), "not scored": unscored})
         return rows
 
     def by_band(self) -> list[dict[str, Any]]:
         """Scored fail-slow episodes by kind and magnitude band: recall, interval, TTD."""
-        rows = []
         kinds = (("fail_slow_compute", "compute"), ("fail_slow_comm", "communication"))
-        for kind, name in kinds:
-            for band in BANDS:
-                members = [
-                    e for e in self.episodes if e.kind == kind and e.scored and e.band == band
-                ]
-                detected = sum(e.detected for e in members)
-                low, high = wilson(detected, len(members))
-                times = sorted(e.ttd_s for e in members if e.ttd_s is not None)
-                rows.append(
-                    {
-                        "kind": name,
-                        "band": band,
-                        "episodes": len(members),
-                        "detected": detected,
-                        "recall": detected / len(members) if members else math.nan,
-                        "recall_low": low,
-                        "recall_high": high,
-                        "ttd_median_s": statistics.median(times) if times else math.nan,
-                        "ttd_p25_s": _quantile(times, 0.25),
-                        "ttd_p75_s": _quantile(times, 0.75),
-                    }
-                )
-        return rows
+        return [
+            {
+                "kind": name,
+                "band": band,
+                **_summary(
+                    [e for e in self.episodes if e.kind == kind and e.scored and e.band == band]
+                ),
+            }
+            for kind, name in kinds
+            for band in BANDS
+        ]
 
     def _scored(self, *klasses: str) -> list[EpisodeScore]:
         return [e for e in self.episodes if e.klass in klasses and e.scored]
@@ -201,6 +170,24 @@ class Scores:
             for confounder in page.confounders or ["none"]:
                 counts[confounder] += 1
         return counts
+
+
+def _summary(members: list[EpisodeScore]) -> dict[str, Any]:
+    """Count, recall with its 95% Wilson interval, and time to detect of scored episodes."""
+    detected = sum(e.detected for e in members)
+    low, high = wilson(detected, len(members))
+    times = sorted(e.ttd_s for e in members if e.ttd_s is not None)
+    return {
+        "episodes": len(members),
+        "detected": detected,
+        "recall": detected / len(members) if members else math.nan,
+        "recall_low": low,
+        "recall_high": high,
+        "ttd_median_s": statistics.median(times) if times else math.nan,
+        "ttd_p25_s": _quantile(times, 0.25),
+        "ttd_p75_s": _quantile(times, 0.75),
+        "ttd_p90_s": _quantile(times, 0.9),
+    }
 
 
 def _quantile(values: list[float], q: float) -> float:
