@@ -97,15 +97,18 @@ def _rates(**changes: float) -> FaultRates:
     return replace(FaultRates(), **changes)
 
 
-def scenario_for(nodes: int, quick: bool, rates: FaultRates | None = None) -> Scenario:
+# 16 node-days hold few events at real rates: the quick run makes them frequent (stated
+# in its output).
+QUICK_RATES = _rates(
+    fail_stop_per_1000_node_days=600.0,
+    fail_slow_compute_per_node_day=1.5,
+    fail_slow_comm_per_node_day=0.4,
+)
+
+
+def scenario_for(nodes: int, rates: FaultRates | None = None) -> Scenario:
+    """The realistic-week cluster at ``nodes`` nodes, at ``rates`` (default: its own)."""
     scenario = load_scenario("realistic-week").with_cluster(nodes=nodes)
-    if quick:
-        # 16 node-days hold few events at real rates: make them frequent (stated in the output).
-        rates = _rates(
-            fail_stop_per_1000_node_days=600.0,
-            fail_slow_compute_per_node_day=1.5,
-            fail_slow_comm_per_node_day=0.4,
-        )
     return replace(scenario, rates=rates) if rates is not None else scenario
 
 
@@ -129,18 +132,18 @@ MODES: dict[str, str] = {
 def parts_for(mode: str) -> list[Part]:
     """The clusters, lengths and seeds of a mode (before --nodes/--days/--seeds overrides)."""
     if mode == "quick":
-        return [Part("quick", scenario_for(32, quick=True), 0.5, (201,))]
+        return [Part("quick", scenario_for(32, QUICK_RATES), 0.5, (201,))]
     if mode == "headline":
-        return [Part("realistic", scenario_for(256, quick=False), 3.0, (104, 105, 106))]
+        return [Part("realistic", scenario_for(256), 3.0, (104, 105, 106))]
     if mode == "false-pages":
         # 21 cluster-days: if the true rate is 0.3 a day, the interval's top stays under 0.67
         seeds = (401, 402, 403, 404, 405, 406, 407)
-        return [Part("realistic", scenario_for(256, quick=False), 3.0, seeds)]
+        return [Part("realistic", scenario_for(256), 3.0, seeds)]
     quiet = {"fail_slow_compute_per_node_day": 0.0, "fail_slow_comm_per_node_day": 0.0}
     return [
         Part(
             "fail-stop",
-            scenario_for(64, False, _rates(fail_stop_per_1000_node_days=1500.0, **quiet)),
+            scenario_for(64, _rates(fail_stop_per_1000_node_days=1500.0, **quiet)),
             7.0,
             (311,),
         ),
@@ -149,7 +152,6 @@ def parts_for(mode: str) -> list[Part]:
             "fail-slow compute",
             scenario_for(
                 32,
-                False,
                 _rates(
                     fail_stop_per_1000_node_days=2.0,
                     fail_slow_comm_per_node_day=0.0,
@@ -166,7 +168,6 @@ def parts_for(mode: str) -> list[Part]:
             "fail-slow communication",
             scenario_for(
                 32,
-                False,
                 _rates(
                     fail_stop_per_1000_node_days=2.0,
                     fail_slow_compute_per_node_day=0.0,

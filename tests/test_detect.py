@@ -329,7 +329,7 @@ def test_quick_benchmark_finds_injected_faults_through_real_prometheus(tmp_path:
     bench = load_bench()
     end = bench.parse_end(bench.DEFAULT_END)  # fixed: the seed and the end fix the history
     scores = bench.run_seed(
-        bench.scenario_for(32, quick=True), 201, 0.5, end=end, workdir=tmp_path, log=[]
+        bench.scenario_for(32, bench.QUICK_RATES), 201, 0.5, end=end, workdir=tmp_path, log=[]
     )
     assert len([e for e in scores.episodes if e.klass == "fail-stop (node)" and e.scored]) >= 3
     assert scores.recall("fail-stop (node)") >= 0.8
