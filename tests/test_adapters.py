@@ -42,7 +42,7 @@ def test_lightning_callback_reports_train_and_validation_batches(
     serve_asgi: Callable[..., Any], tmp_path: Path
 ) -> None:
     pl = pytest.importorskip("pytorch_lightning")
-    from gpufleet.training.lightning import GpuFleetCallback
+    from gpufleet.reporter.lightning import GpuFleetCallback
 
     class Regressor(pl.LightningModule):  # type: ignore[misc]
         def __init__(self) -> None:
@@ -87,7 +87,7 @@ def test_huggingface_callback_reports_every_optimizer_step(
     serve_asgi: Callable[..., Any], tmp_path: Path
 ) -> None:
     transformers = pytest.importorskip("transformers")
-    from gpufleet.training.huggingface import GpuFleetTrainerCallback
+    from gpufleet.reporter.huggingface import GpuFleetTrainerCallback
 
     class Regressor(torch.nn.Module):  # type: ignore[misc]
         def __init__(self) -> None:

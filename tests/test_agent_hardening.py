@@ -28,8 +28,8 @@ from gpufleet.agent.connections import (
     ConnectionLimits,
     GuardedHttpToolsProtocol,
 )
+from gpufleet.agent.training_aggregate import IngestLimits
 from gpufleet.devstack import ManagedProcess, free_port, wait_until
-from gpufleet.training.aggregate import IngestLimits
 
 GENEROUS_S = 30.0
 

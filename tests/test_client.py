@@ -17,7 +17,7 @@ import pytest
 from gpufleet.agent.app import Agent, AgentSettings
 from gpufleet.client import Reporter, job_from_environment, rank_from_environment
 from gpufleet.devstack import free_port, wait_until
-from gpufleet.training import client as training_client
+from gpufleet.reporter import reporter as training_client
 
 
 def start_agent(
@@ -325,9 +325,9 @@ def test_events_the_agent_refuses_are_dropped_alone_and_the_rest_resent(
 
 
 def test_the_largest_batch_the_client_sends_fits_what_the_agent_accepts() -> None:
-    from gpufleet.training import models
-    from gpufleet.training.aggregate import IngestLimits
-    from gpufleet.training.client import (
+    from gpufleet.agent import training_events as models
+    from gpufleet.agent.training_aggregate import IngestLimits
+    from gpufleet.reporter.reporter import (
         MAX_BATCH_EVENTS,
         MAX_CHECKPOINT_BYTES,
         MAX_CHECKPOINT_SECONDS,

@@ -31,7 +31,7 @@ from gpufleet.devstack import (
     wait_until,
 )
 from gpufleet.fleet.app import create_app
-from gpufleet.fleet.client import LedgerClient
+from gpufleet.fleet.ledger_client import LedgerClient
 from gpufleet.fleet.store import LedgerStore
 from gpufleet.rules.__main__ import write_all
 from gpufleet.rules.config import RulesConfig

@@ -21,8 +21,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet.devstack import ManagedProcess, free_port, http_get, wait_until
-from gpufleet.fleet.client import LedgerClient
 from gpufleet.fleet.counters import snapshot_from_history
+from gpufleet.fleet.ledger_client import LedgerClient
 from gpufleet.fleet.metrics import ledger_families
 
 pytestmark = pytest.mark.integration

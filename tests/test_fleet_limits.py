@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 
 from gpufleet.devstack import http_get, http_json
 from gpufleet.fleet.app import PAGE_DEFAULT, create_app
-from gpufleet.fleet.client import LedgerClient, LedgerError
+from gpufleet.fleet.ledger_client import LedgerClient, LedgerError
 from gpufleet.fleet.models import ExclusionIn
 from gpufleet.fleet.store import (
     LedgerConflictError,

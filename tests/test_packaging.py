@@ -103,7 +103,7 @@ def test_the_client_imports_from_the_bare_install_with_the_standard_library_only
 import sys
 before = set(sys.modules)
 from gpufleet.client import Reporter, StepTimer, CheckpointTimer
-import gpufleet, gpufleet.training.client
+import gpufleet, gpufleet.reporter.reporter
 reporter = Reporter("http://127.0.0.1:9", training_job="j", rank=0, exit_timeout=0.1)
 with reporter.step(tokens=1):
     pass
@@ -126,7 +126,7 @@ print(outside)
 def test_the_adapters_import_only_the_standard_library_the_client_and_their_framework(
     module: str,
 ) -> None:
-    tree = ast.parse((REPO / "exporter/gpufleet/training" / module).read_text())
+    tree = ast.parse((REPO / "exporter/gpufleet/reporter" / module).read_text())
     imported = {
         name.split(".")[0]
         for node in ast.walk(tree)
@@ -148,9 +148,9 @@ def test_the_adapters_import_from_the_bare_install_beside_their_framework(
     script = f"""
 import sys
 sys.path.append({sysconfig.get_paths()["purelib"]!r})
-from gpufleet.training.lightning import GpuFleetCallback
-from gpufleet.training.huggingface import GpuFleetTrainerCallback
-import gpufleet.training.lightning as module
+from gpufleet.reporter.lightning import GpuFleetCallback
+from gpufleet.reporter.huggingface import GpuFleetTrainerCallback
+import gpufleet.reporter.lightning as module
 print(module.__file__)
 """
     result = install.run("-c", script, timeout=300)

@@ -11,7 +11,7 @@ import pytest
 
 from gpufleet.devstack import http_json, wait_until
 from gpufleet.fleet.app import create_app
-from gpufleet.fleet.client import LedgerClient
+from gpufleet.fleet.ledger_client import LedgerClient
 from gpufleet.fleet.store import LedgerStore
 from gpufleet.simulate.cluster import Cluster
 from gpufleet.simulate.config import load_scenario

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet import __version__
-from gpufleet.fleet.client import LedgerError
+from gpufleet.fleet.ledger_client import LedgerError
 from gpufleet.secrets import SecretFileError, read_secret_file
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -424,8 +424,8 @@ def _read_secret(flag: str, path: str) -> str:
 def _run_agent(namespace: argparse.Namespace) -> int:
     from gpufleet.agent.app import Agent, AgentSettings, serve_agent
     from gpufleet.agent.connections import ConnectionLimits
+    from gpufleet.agent.training_aggregate import IngestLimits
     from gpufleet.gpu.reader import NvmlUnavailable
-    from gpufleet.training.aggregate import IngestLimits
 
     values = {option.dest: option.resolve(namespace) for option in AGENT_OPTIONS}
     logging.basicConfig(level=values["log_level"].upper(), format=LOG_FORMAT)
@@ -548,7 +548,7 @@ def sqlite3_error() -> type[Exception]:
 
 
 def _ledger(namespace: argparse.Namespace) -> Any:
-    from gpufleet.fleet.client import LedgerClient, token_from_file
+    from gpufleet.fleet.ledger_client import LedgerClient, token_from_file
 
     if namespace.token and namespace.token_file:
         raise ConfigError("set --token or --token-file, not both")
@@ -701,7 +701,7 @@ def _run_simulate(namespace: argparse.Namespace) -> int:
     cluster = Cluster(scenario, namespace.seed, time.time(), namespace.horizon * 86400)
     feed = None
     if namespace.fleet_url:
-        from gpufleet.fleet.client import LedgerClient
+        from gpufleet.fleet.ledger_client import LedgerClient
         from gpufleet.simulate.ledger_feed import LedgerFeed, ledger_events
 
         events = ledger_events(
@@ -720,7 +720,7 @@ def _run_simulate(namespace: argparse.Namespace) -> int:
 
 
 def _feed_ledger(namespace: argparse.Namespace, scenario: Any, start: float, end: float) -> None:
-    from gpufleet.fleet.client import LedgerClient
+    from gpufleet.fleet.ledger_client import LedgerClient
     from gpufleet.simulate.cluster import Cluster
     from gpufleet.simulate.ledger_feed import LedgerFeed, ledger_events
 

@@ -1,11 +1,11 @@
 """Public client API for training code: ``from gpufleet.client import Reporter``.
 
-See :mod:`gpufleet.training.client` for the details. Adapters:
-``gpufleet.training.lightning.GpuFleetCallback`` (PyTorch Lightning) and
-``gpufleet.training.huggingface.GpuFleetTrainerCallback`` (Hugging Face Trainer).
+See :mod:`gpufleet.reporter.reporter` for the details. Adapters:
+``gpufleet.reporter.lightning.GpuFleetCallback`` (PyTorch Lightning) and
+``gpufleet.reporter.huggingface.GpuFleetTrainerCallback`` (Hugging Face Trainer).
 """
 
-from gpufleet.training.client import (
+from gpufleet.reporter.reporter import (
     CheckpointTimer,
     Reporter,
     StepTimer,

@@ -17,12 +17,12 @@ from gpufleet import __version__
 from gpufleet.agent.connections import ConnectionGuard, ConnectionLimits, protocol_for
 from gpufleet.agent.metrics_endpoint import MetricsEndpoint, Receive, Scope, Send
 from gpufleet.agent.selfmetrics import AgentSelfCollector, ScrapeStats
+from gpufleet.agent.training_aggregate import IngestLimits, TrainingAggregator
+from gpufleet.agent.training_ingest import IngestApi
 from gpufleet.gpu.reader import CallErrors, NvmlApi, NvmlReader
 from gpufleet.gpu.render import GpuExpositionCache
 from gpufleet.gpu.sampler import GpuSampler
 from gpufleet.gpu.xid import XidLedger, XidWatcher
-from gpufleet.training.aggregate import IngestLimits, TrainingAggregator
-from gpufleet.training.ingest import IngestApi
 
 log = logging.getLogger(__name__)
 

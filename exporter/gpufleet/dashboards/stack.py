@@ -30,7 +30,7 @@ from gpufleet.devstack import (
     static_scrape_config,
     wait_until,
 )
-from gpufleet.fleet.client import LedgerClient
+from gpufleet.fleet.ledger_client import LedgerClient
 from gpufleet.rules.__main__ import write_all
 from gpufleet.rules.config import RulesConfig
 from gpufleet.rules.inline import Inliner

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from gpufleet.agent.training_aggregate import DEFAULT_STEP_BUCKETS
 from gpufleet.simulate.config import Scenario
 from gpufleet.simulate.faults import CAUSES_BY_NAME, Effect, Episode, Kind
 from gpufleet.simulate.timeline import Timeline, Window, build_timeline
-from gpufleet.training.aggregate import DEFAULT_STEP_BUCKETS
 
 # Per-GPU error counters, by the DCGM field they feed.
 GPU_COUNTERS = (

@@ -12,7 +12,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from gpufleet.fleet.client import LedgerClient, LedgerError
+from gpufleet.fleet.ledger_client import LedgerClient, LedgerError
 from gpufleet.simulate.timeline import Timeline
 
 log = logging.getLogger(__name__)

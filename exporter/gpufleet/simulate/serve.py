@@ -23,6 +23,13 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from gpufleet import __version__
 from gpufleet.agent.metrics_endpoint import Receive, Scope, Send
+from gpufleet.agent.training_aggregate import (
+    CheckpointStats,
+    JobState,
+    RankStats,
+    StageStats,
+    training_families,
+)
 from gpufleet.exposition import CONTENT_TYPE, PrecompressedPart, render
 from gpufleet.gpu.catalogue import RETIRED_DBE, RETIRED_PENDING, RETIRED_SBE
 from gpufleet.gpu.render import gpu_families
@@ -30,13 +37,6 @@ from gpufleet.gpu.snapshot import GpuIdentity, GpuReading, GpuSnapshot
 from gpufleet.gpu.xid import XidHistory, XidView
 from gpufleet.simulate.cluster import Cluster
 from gpufleet.simulate.ledger_feed import LedgerFeed
-from gpufleet.training.aggregate import (
-    CheckpointStats,
-    JobState,
-    RankStats,
-    StageStats,
-    training_families,
-)
 
 log = logging.getLogger(__name__)
 

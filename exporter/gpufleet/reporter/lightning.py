@@ -20,8 +20,8 @@ try:
 except ImportError:  # the standalone package of Lightning < 2.0 naming
     from pytorch_lightning.callbacks import Callback
 
-from gpufleet.training.client import Reporter
-from gpufleet.training.stepclock import StepClock
+from gpufleet.reporter.reporter import Reporter
+from gpufleet.reporter.stepclock import StepClock
 
 
 class GpuFleetCallback(Callback):  # type: ignore[misc]

@@ -16,8 +16,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from gpufleet.training.client import Reporter
-from gpufleet.training.stepclock import StepClock
+from gpufleet.reporter.reporter import Reporter
+from gpufleet.reporter.stepclock import StepClock
 
 
 class GpuFleetTrainerCallback(TrainerCallback):  # type: ignore[misc]

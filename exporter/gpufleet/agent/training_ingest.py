@@ -28,8 +28,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
-from gpufleet.training.aggregate import CapExceededError, TrainingAggregator
-from gpufleet.training.models import CheckpointBatch, FinishedBatch, StepBatch
+from gpufleet.agent.training_aggregate import CapExceededError, TrainingAggregator
+from gpufleet.agent.training_events import CheckpointBatch, FinishedBatch, StepBatch
 
 BatchT = TypeVar("BatchT", StepBatch, CheckpointBatch, FinishedBatch)
 _MAX_ERRORS_SHOWN = 10

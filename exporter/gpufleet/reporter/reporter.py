@@ -67,7 +67,7 @@ _LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9._:@/+=-]")
 # A gap longer than this between two steps is not data loading (eval, logging, a stall).
 _MAX_AUTO_DATA_WAIT_S = 60.0
 _WARN_EVERY_S = 60.0
-# The agent's defaults (gpufleet.training.models / IngestLimits); kept here as literals so
+# The agent's defaults (gpufleet.agent.training_events / IngestLimits); kept here as literals so
 # that this module imports nothing but the standard library. A test checks they agree.
 MAX_BATCH_EVENTS = 4096
 MAX_STEP_SECONDS = 3600.0

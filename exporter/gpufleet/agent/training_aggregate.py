@@ -31,7 +31,7 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import Collector
 
-from gpufleet.training.models import CheckpointBatch, FinishedBatch, StepBatch
+from gpufleet.agent.training_events import CheckpointBatch, FinishedBatch, StepBatch
 
 DEFAULT_STEP_BUCKETS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 _FINALIZED_MEMORY = 4096  # recent steps whose slowest-rank figure is already counted

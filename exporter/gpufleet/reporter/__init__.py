@@ -1,0 +1,1 @@
+"""The training-process side: the Reporter and its framework adapters (standard library only)."""

@@ -1,1 +1,0 @@
-"""Training metrics: ingest models, per-node aggregation, the client and its adapters."""
