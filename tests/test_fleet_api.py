@@ -135,6 +135,44 @@ def test_bad_input_gets_422_naming_the_field_and_stores_nothing(
     assert ledger.client.get("/v1/exclusions").json() == []
 
 
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"", "the body is empty"),
+        (b"{not json", "not valid JSON"),
+        (b'{"node": "n1", "node": "n2", "reason": "xid79"}', "'node' appears twice"),
+        (b"[" * 10_000, "nested too deeply"),
+    ],
+)
+def test_a_body_that_is_not_one_json_document_gets_422_naming_why(
+    ledger: Ledger, body: bytes, message: str
+) -> None:
+    # the agent's parser: a key given twice is refused, not silently resolved to the last one
+    response = ledger.client.post(
+        "/v1/exclusions",
+        content=body,
+        headers={"Idempotency-Key": "bad-body-0001", "Content-Type": "application/json"},
+    )
+    assert response.status_code == 422
+    (problem,) = response.json()["detail"]
+    assert problem["field"] == "body"
+    assert message in problem["message"]
+    assert ledger.client.get("/v1/exclusions").json() == []
+
+
+def test_an_oversized_body_is_refused_by_its_declared_length(ledger: Ledger) -> None:
+    response = ledger.client.post(
+        "/v1/exclusions",
+        content=b"{}",
+        headers={"Idempotency-Key": "too-large-0001", "Content-Length": str(10**9)},
+    )
+    assert response.status_code == 413
+    assert "exceeds 65536 bytes" in response.json()["detail"]
+    counted = ledger.metrics()
+    key = ("gpufleet_fleet_writes_rejected_total", frozenset({("reason", "too_large")}))
+    assert counted[key] == 1
+
+
 def test_contradictions_are_conflicts(ledger: Ledger) -> None:
     ledger.post("/v1/exclusions", exclusion("node-3"))
     again = ledger.post("/v1/exclusions", exclusion("node-3", at=NOW - 10))
@@ -188,6 +226,7 @@ def test_without_a_token_only_loopback_may_write_unless_allowed(tmp_path: Path) 
         )
         assert refused.status_code == 403
         assert "--allow-unauthenticated-writes" in refused.json()["detail"]
+        assert "came from 10.1.2.3" in refused.json()["detail"]
         assert remote.get("/v1/exclusions").json() == []  # nothing stored; reads stay open
         mapped = TestClient(local.client.app, client=("::ffff:127.0.0.1", 40000))
         assert (

@@ -496,9 +496,9 @@ def _secret(values: dict[str, Any], name: str) -> str | None:
 
 
 def _run_fleet(namespace: argparse.Namespace) -> int:
-    from gpufleet.agent.app import serve
     from gpufleet.fleet.app import create_app
     from gpufleet.fleet.store import LedgerLimits, LedgerStore
+    from gpufleet.web import serve
 
     values = {option.dest: option.resolve(namespace) for option in FLEET_OPTIONS}
     logging.basicConfig(level=values["log_level"].upper(), format=LOG_FORMAT)
@@ -693,9 +693,9 @@ def _run_simulate(namespace: argparse.Namespace) -> int:
             f"{', '.join(str(path) for path in result.files)}; ground truth: {result.ground_truth}"
         )
         return 0
-    from gpufleet.agent.app import serve
     from gpufleet.simulate.cluster import Cluster
     from gpufleet.simulate.serve import SimulatorServer
+    from gpufleet.web import serve
 
     host, port = namespace.listen
     cluster = Cluster(scenario, namespace.seed, time.time(), namespace.horizon * 86400)

@@ -210,24 +210,6 @@ class AgentAsgi:
         await self.api(scope, receive, send)
 
 
-def serve(app: Any, host: str, port: int, log_level: str = "info") -> None:
-    """Run an ASGI app under uvicorn until SIGINT/SIGTERM."""
-    import uvicorn
-
-    config = uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        log_level=log_level,
-        access_log=False,
-        http="httptools",
-        loop="asyncio",
-        lifespan="on",
-        timeout_graceful_shutdown=5,
-    )
-    uvicorn.Server(config).run()
-
-
 def agent_server_config(agent: Agent, log_level: str = "info") -> Any:
     """The uvicorn configuration of the agent: its app under its connection limits."""
     import uvicorn

@@ -17,9 +17,6 @@ ingest explicitly.
 
 from __future__ import annotations
 
-import hmac
-import ipaddress
-import json
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -28,50 +25,11 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
+from gpufleet import web
 from gpufleet.agent.training_aggregate import CapExceededError, TrainingAggregator
 from gpufleet.agent.training_events import CheckpointBatch, FinishedBatch, StepBatch
 
 BatchT = TypeVar("BatchT", StepBatch, CheckpointBatch, FinishedBatch)
-_MAX_ERRORS_SHOWN = 10
-
-
-class IngestRejectedError(Exception):
-    def __init__(self, status: int, reason: str, detail: Any, events: int = 1) -> None:
-        super().__init__(str(detail))
-        self.status = status
-        self.reason = reason
-        self.detail = detail
-        self.events = events
-        self.extra: dict[str, Any] = {}
-        self.headers: dict[str, str] | None = None
-
-
-class DuplicateKeyError(ValueError):
-    def __init__(self, key: str) -> None:
-        super().__init__(f"the key {key!r} appears twice in one JSON object")
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result = dict(pairs)
-    if len(result) != len(pairs):
-        seen: set[str] = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise DuplicateKeyError(key)
-            seen.add(key)
-    return result
-
-
-def _describe(error: ValidationError) -> list[dict[str, Any]]:
-    described = []
-    for item in error.errors(include_url=False, include_context=False)[:_MAX_ERRORS_SHOWN]:
-        location = ".".join(str(part) for part in item["loc"]) or "body"
-        entry: dict[str, Any] = {"field": location, "message": item["msg"]}
-        if "input" in item:
-            shown = repr(item["input"])
-            entry["got"] = shown if len(shown) <= 80 else shown[:77] + "..."
-        described.append(entry)
-    return described
 
 
 def _refused_indices(error: ValidationError) -> list[int]:
@@ -86,18 +44,6 @@ def _refused_indices(error: ValidationError) -> list[int]:
     )
 
 
-def _is_loopback(host: str | None) -> bool:
-    if host is None:
-        return False
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return address.ipv4_mapped.is_loopback  # ::ffff:127.0.0.1 on a dual-stack listener
-    return address.is_loopback
-
-
 class IngestApi:
     def __init__(
         self,
@@ -107,8 +53,22 @@ class IngestApi:
         allow_unauthenticated: bool = False,
     ) -> None:
         self.aggregator = aggregator
-        self._token = token.encode() if token else None
-        self._allow_unauthenticated = allow_unauthenticated
+        self._guard = web.WriteGuard(
+            token,
+            allow_unauthenticated,
+            unauthorized_detail=(
+                "this agent requires 'Authorization: Bearer <token>' (the client reads it "
+                "from GPUFLEET_INGEST_TOKEN or GPUFLEET_INGEST_TOKEN_FILE)"
+            ),
+            loopback_only_detail=(
+                "this agent has no ingest token, so it accepts training events only from "
+                "loopback (this request came from {host}). Give the agent a token "
+                "(--ingest-token-file, GPUFLEET_INGEST_TOKEN_FILE or GPUFLEET_INGEST_TOKEN) "
+                "and the clients the same GPUFLEET_INGEST_TOKEN, or start the agent with "
+                "--allow-unauthenticated-ingest."
+            ),
+            loopback_reason="unauthenticated",
+        )
         self._max_concurrent = aggregator.limits.max_concurrent_requests
         self._busy = 0  # requests being read or parsed (all on the event loop: no lock)
 
@@ -178,14 +138,18 @@ class IngestApi:
             )
         self._busy += 1
         try:
-            self._authorize(request)
-            raw = await self._read_body(request)
+            self._guard.check(request)
+            raw = await web.read_body(
+                request,
+                self.aggregator.limits.max_body_bytes,
+                reason="body_too_large",
+                advice="; send smaller batches",
+            )
             batch = self._parse(raw, model)
             add(batch)
-        except IngestRejectedError as rejected:
-            self.aggregator.reject(rejected.reason, rejected.events)
-            body = {"detail": rejected.detail, **rejected.extra}
-            return JSONResponse(body, rejected.status, headers=rejected.headers)
+        except web.Refusal as refusal:
+            self.aggregator.reject(refusal.reason, refusal.count)
+            return refusal.response()
         except ClientDisconnect:
             # The client went away mid-body (or its body read timed out): nothing to answer.
             self.aggregator.reject("disconnected", 1)
@@ -200,83 +164,24 @@ class IngestApi:
             self._busy -= 1
         return JSONResponse({"accepted": len(batch.events)}, 202)
 
-    def _authorize(self, request: Request) -> None:
-        if self._token is None:
-            host = request.client.host if request.client else None
-            if self._allow_unauthenticated or _is_loopback(host):
-                return
-            raise IngestRejectedError(
-                403,
-                "unauthenticated",
-                f"this agent has no ingest token, so it accepts training events only from "
-                f"loopback (this request came from {host}). Give the agent a token "
-                "(--ingest-token-file, GPUFLEET_INGEST_TOKEN_FILE or GPUFLEET_INGEST_TOKEN) and "
-                "the clients the same GPUFLEET_INGEST_TOKEN, or start the agent with "
-                "--allow-unauthenticated-ingest.",
-            )
-        header = request.headers.get("authorization", "")
-        scheme, _, credentials = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            credentials.strip().encode(), self._token
-        ):
-            rejected = IngestRejectedError(
-                401,
-                "unauthorized",
-                "this agent requires 'Authorization: Bearer <token>' "
-                "(the client reads it from GPUFLEET_INGEST_TOKEN or GPUFLEET_INGEST_TOKEN_FILE)",
-            )
-            rejected.headers = {"WWW-Authenticate": "Bearer"}
-            raise rejected
-
-    async def _read_body(self, request: Request) -> bytes:
-        limit = self.aggregator.limits.max_body_bytes
-        declared = request.headers.get("content-length")
-        too_large = f"the request body exceeds {limit} bytes; send smaller batches"
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise IngestRejectedError(413, "body_too_large", too_large)
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise IngestRejectedError(413, "body_too_large", too_large)
-            chunks.append(chunk)
-        return b"".join(chunks)
-
     def _parse(self, raw: bytes, model: type[BatchT]) -> BatchT:
-        if not raw.strip():
-            raise IngestRejectedError(
-                422, "invalid", [{"field": "body", "message": "the body is empty"}]
-            )
-        try:
-            document = json.loads(raw, object_pairs_hook=_unique_keys)
-        except DuplicateKeyError as error:
-            raise IngestRejectedError(
-                422, "invalid", [{"field": "body", "message": str(error)}]
-            ) from None
-        except ValueError as error:  # JSONDecodeError, UnicodeDecodeError
-            raise IngestRejectedError(
-                422, "invalid", [{"field": "body", "message": f"not valid JSON: {error}"}]
-            ) from None
-        except RecursionError:
-            raise IngestRejectedError(
-                422, "invalid", [{"field": "body", "message": "the JSON is nested too deeply"}]
-            ) from None
+        document = web.parse_json(raw)
         events = document.get("events") if isinstance(document, dict) else None
         parsed = len(events) if isinstance(events, list) else 1
         limit = self.aggregator.limits.max_batch_events
         if parsed > limit:
-            raise IngestRejectedError(
+            raise web.Refusal(
                 413,
                 "batch_too_large",
                 f"the batch holds {parsed} events; at most {limit} are accepted per request",
-                parsed,
+                count=parsed,
             )
         try:
             return model.model_validate(document)
         except ValidationError as error:
-            rejected = IngestRejectedError(422, "invalid", _describe(error), max(1, parsed))
-            rejected.extra["refused"] = _refused_indices(error)
-            raise rejected from None
+            refusal = web.invalid(error, count=max(1, parsed))
+            refusal.extra["refused"] = _refused_indices(error)
+            raise refusal from None
 
 
 def _body_schema(model: type[BaseModel]) -> dict[str, Any]:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hmac
-import ipaddress
 import re
 import time
 from collections.abc import Callable
@@ -17,7 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CollectorRegistry, generate_latest
 from pydantic import BaseModel, ValidationError
 
-from gpufleet import __version__
+from gpufleet import __version__, web
 from gpufleet.exposition import CONTENT_TYPE
 from gpufleet.fleet.chains import histories
 from gpufleet.fleet.metrics import LedgerCollector, Rejections
@@ -37,10 +35,6 @@ PAGE_DEFAULT = 1000  # rows per page of a list, unless the client asks for fewer
 PAGE_MAX = 10_000
 _KEY = re.compile(r"^[A-Za-z0-9._:-]{8,128}$")
 ModelT = TypeVar("ModelT", bound=BaseModel)
-
-
-def _problem(status: int, detail: Any) -> JSONResponse:
-    return JSONResponse({"detail": detail}, status)
 
 
 def top_nodes(counts: list[tuple[str, int]], limit: int = 20) -> dict[str, Any]:
@@ -66,107 +60,66 @@ class Access:
     read_token: str | None = None
     allow_unauthenticated_writes: bool = False
 
-    def write_refusal(self, request: Request) -> tuple[str, JSONResponse] | None:
-        """None when the request may write, else the rejection reason and the answer."""
-        if self.token:
-            if _matches(_bearer(request), [self.token.encode()]):
-                return None
-            return "unauthorized", JSONResponse(
-                {"detail": "this ledger requires 'Authorization: Bearer <token>' for writes"},
-                401,
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-        if self.allow_unauthenticated_writes or _loopback(request):
-            return None
-        return "not_loopback", _problem(
-            403,
-            "this ledger has no write token, so it accepts writes only from loopback; start it "
-            "with --token-file (or --token) and send 'Authorization: Bearer <token>', or with "
-            "--allow-unauthenticated-writes to accept writes from anyone",
+    def writes(self) -> web.WriteGuard:
+        return web.WriteGuard(
+            self.token,
+            self.allow_unauthenticated_writes,
+            unauthorized_detail="this ledger requires 'Authorization: Bearer <token>' for writes",
+            loopback_only_detail=(
+                "this ledger has no write token, so it accepts writes only from loopback (this "
+                "request came from {host}); start it with --token-file (or --token) and send "
+                "'Authorization: Bearer <token>', or with --allow-unauthenticated-writes to "
+                "accept writes from anyone"
+            ),
+            loopback_reason="not_loopback",
         )
 
     def may_read(self, request: Request) -> bool:
         tokens = [t.encode() for t in (self.token, self.read_token) if t]
-        return not tokens or _matches(_bearer(request), tokens)
-
-
-def _loopback(request: Request) -> bool:
-    if request.client is None:  # a Unix socket: only this machine can reach it
-        return True
-    try:
-        address = ipaddress.ip_address(request.client.host)
-    except ValueError:
-        return False
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    return address.is_loopback
-
-
-def _bearer(request: Request) -> bytes:
-    scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
-    return credentials.strip().encode() if scheme.lower() == "bearer" else b""
-
-
-def _matches(presented: bytes, tokens: list[bytes]) -> bool:
-    # every token is compared (no early exit), each in constant time
-    return bool(presented) and sum(hmac.compare_digest(presented, t) for t in tokens) > 0
-
-
-def _invalid(error: ValidationError) -> JSONResponse:
-    return _problem(
-        422,
-        [
-            {
-                "field": ".".join(str(part) for part in item["loc"]) or "body",
-                "message": item["msg"],
-            }
-            for item in error.errors(include_url=False)[:10]
-        ],
-    )
+        return not tokens or web.token_matches(web.bearer(request), tokens)
 
 
 async def _write(
     request: Request,
     model: type[ModelT],
     submit: Callable[[str, ModelT], Future[Stored]],
-    access: Access,
-) -> tuple[str | None, Response]:
-    """Check, parse and store one write; returns the rejection reason (if any) and the answer."""
-    refusal = access.write_refusal(request)
-    if refusal is not None:
-        return refusal
+    writes: web.WriteGuard,
+) -> Response:
+    """Check, parse and store one write; a :class:`web.Refusal` names what was wrong."""
+    writes.check(request)
     key = request.headers.get("idempotency-key", "")
     if not _KEY.match(key):
-        return "bad_key", _problem(
+        raise web.Refusal(
             400,
+            "bad_key",
             "an Idempotency-Key header of 8 to 128 characters [A-Za-z0-9._:-] is required, "
             "so that a retried request is not counted twice",
         )
-    body = b""
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_BODY_BYTES:
-            return "too_large", _problem(413, f"the body exceeds {MAX_BODY_BYTES} bytes")
+    raw = await web.read_body(request, MAX_BODY_BYTES, reason="too_large")
+    web.parse_json(raw)  # refuses what pydantic would let through: a key given twice
     try:
-        event = model.model_validate_json(body)
+        # validated from the raw JSON (pydantic's JSON mode), as the models are written for
+        event = model.model_validate_json(raw)
     except ValidationError as error:
-        return "invalid", _invalid(error)
+        raise web.invalid(error) from None
     try:
         # The writer thread commits (and fsyncs); the event loop only waits for the answer.
         stored = await asyncio.wrap_future(submit(key, event))
     except LedgerConflictError as conflict:
-        return "conflict", _problem(409, str(conflict))
+        raise web.Refusal(409, "conflict", str(conflict)) from None
     except LedgerCapError as cap:
-        return cap.reason, _problem(429, str(cap))
+        raise web.Refusal(429, cap.reason, str(cap)) from None
     except LedgerUnavailableError as error:
-        return "unavailable", _problem(
-            503, f"nothing was stored ({error}); retry with the same key"
-        )
+        raise web.Refusal(
+            503, "unavailable", f"nothing was stored ({error}); retry with the same key"
+        ) from None
     headers = {"Idempotent-Replayed": "true"} if stored.replayed else None
-    return None, JSONResponse(stored.body, stored.status, headers=headers)
+    return JSONResponse(stored.body, stored.status, headers=headers)
 
 
 def _add_writes(app: FastAPI, store: LedgerStore, access: Access, rejections: Rejections) -> None:
+    writes = access.writes()
+
     def route(
         path: str,
         model: type[ModelT],
@@ -174,10 +127,11 @@ def _add_writes(app: FastAPI, store: LedgerStore, access: Access, rejections: Re
         summary: str,
     ) -> None:
         async def endpoint(request: Request) -> Response:
-            reason, response = await _write(request, model, submit, access)
-            if reason is not None:
-                rejections.add(reason)
-            return response
+            try:
+                return await _write(request, model, submit, writes)
+            except web.Refusal as refusal:
+                rejections.add(refusal.reason)
+                return refusal.response()
 
         app.add_api_route(
             path,
