@@ -93,6 +93,15 @@ class RankStats:
 
 
 @dataclass(slots=True)
+class PendingStep:
+    """A step some local ranks reported, waiting for the rest (or for the wait to pass)."""
+
+    slowest_compute_s: float  # the most compute any local rank reported for it so far
+    first_seen: float
+    ranks_reported: int = 0
+
+
+@dataclass(slots=True)
 class StageStats:
     buckets: int
     created: float
@@ -112,8 +121,7 @@ class StageStats:
     phase_seconds: dict[str, float] = field(default_factory=dict)
     ranks: dict[int, RankStats] = field(default_factory=dict)
     active_ranks: int = 0
-    # step -> [max compute over local ranks, ranks reported, first seen]
-    pending: dict[int, list[float]] = field(default_factory=dict)
+    pending: dict[int, PendingStep] = field(default_factory=dict)
     finalized: set[int] = field(default_factory=set)
     finalized_order: deque[int] = field(default_factory=deque)
 
@@ -135,8 +143,7 @@ class StageStats:
         return copy
 
     def finalize(self, step: int) -> None:
-        entry = self.pending.pop(step)
-        self.slowest_compute_seconds += entry[0]
+        self.slowest_compute_seconds += self.pending.pop(step).slowest_compute_s
         self.slowest_steps += 1
         self.finalized.add(step)
         self.finalized_order.append(step)
@@ -269,18 +276,18 @@ class TrainingAggregator(Collector):
     def _note_slowest(self, stage: StageStats, step: int, compute: float, now: float) -> None:
         if step in stage.finalized:
             return  # a late rank: this step's slowest figure is already counted
-        entry = stage.pending.get(step)
-        if entry is None:
+        pending = stage.pending.get(step)
+        if pending is None:
             if len(stage.pending) >= _MAX_PENDING_STEPS:
                 stage.finalize(next(iter(stage.pending)))  # the oldest waits no longer
-            entry = stage.pending[step] = [compute, 0.0, now]
-        elif compute > entry[0]:
-            entry[0] = compute
-        entry[1] += 1
+            pending = stage.pending[step] = PendingStep(compute, now)
+        elif compute > pending.slowest_compute_s:
+            pending.slowest_compute_s = compute
+        pending.ranks_reported += 1
         # Until the stage has run for one wait window its ranks are still being discovered
         # (rank 0 alone would look like "all ranks"): then steps complete by time only.
         warmed_up = now - stage.created >= self.limits.slowest_rank_wait_s
-        if warmed_up and entry[1] >= stage.active_ranks:
+        if warmed_up and pending.ranks_reported >= stage.active_ranks:
             stage.finalize(step)
 
     def add_checkpoints(self, batch: CheckpointBatch) -> None:
@@ -455,8 +462,8 @@ class TrainingAggregator(Collector):
                 )
                 late = [
                     step
-                    for step, entry in stage.pending.items()
-                    if now - entry[2] >= limits.slowest_rank_wait_s
+                    for step, pending in stage.pending.items()
+                    if now - pending.first_seen >= limits.slowest_rank_wait_s
                 ]
                 for step in late:
                     stage.finalize(step)
