@@ -327,7 +327,7 @@ def test_events_the_agent_refuses_are_dropped_alone_and_the_rest_resent(
 def test_the_largest_batch_the_client_sends_fits_what_the_agent_accepts() -> None:
     from gpufleet.agent import training_events as models
     from gpufleet.agent.training_aggregate import IngestLimits
-    from gpufleet.reporter.reporter import (
+    from gpufleet.reporter.events import (
         MAX_BATCH_EVENTS,
         MAX_CHECKPOINT_BYTES,
         MAX_CHECKPOINT_SECONDS,
@@ -335,6 +335,8 @@ def test_the_largest_batch_the_client_sends_fits_what_the_agent_accepts() -> Non
         MAX_STEP_NUMBER,
         MAX_STEP_SECONDS,
         MAX_TOKENS_PER_STEP,
+        CheckpointEvent,
+        StepEvent,
     )
 
     limits = IngestLimits()
@@ -355,10 +357,10 @@ def test_the_largest_batch_the_client_sends_fits_what_the_agent_accepts() -> Non
     # 22-character float reprs (17 digits and an exponent) are the longest JSON gives.
     d, a, b, c = 9.876543210987654e-05, 1.2345678901234567e-05, 2.345678901234568e-05, 3.456e-05
     step = reporter._step_json(
-        ("s", MAX_STEP_NUMBER, d, b, a, c + 1.23456789012e-09, 10**9 - 1, "checkpoint")
+        StepEvent(MAX_STEP_NUMBER, d, b, a, c + 1.23456789012e-09, 10**9 - 1, "checkpoint")
     )
     checkpoint = reporter._checkpoint_json(
-        ("c", "restore", "end", "i" * 128, a, b, 10**15 - 1, False)
+        CheckpointEvent("restore", "end", "i" * 128, a, b, 10**15 - 1, False)
     )
     for event in (step, checkpoint):
         body = json.dumps({"events": [event] * MAX_BATCH_EVENTS, "dropped": 2**40}).encode()

@@ -36,7 +36,6 @@ import http.client
 import itertools
 import json
 import logging
-import math
 import os
 import random
 import re
@@ -47,11 +46,28 @@ import urllib.parse
 from collections import deque
 from collections.abc import Callable
 from types import TracebackType
-from typing import Literal
+from typing import TypeVar
+
+from gpufleet.reporter.events import (
+    MAX_BATCH_EVENTS,
+    MAX_RANK,
+    MAX_STAGE,
+    CheckpointEvent,
+    CheckpointOp,
+    Event,
+    InvalidEventError,
+    Phase,
+    RankFinished,
+    StepEvent,
+    checkpoint_json,
+    step_json,
+    whole,
+)
 
 log = logging.getLogger("gpufleet.client")
-
-Phase = Literal["train", "eval", "checkpoint"]
+EventT = TypeVar("EventT", StepEvent, CheckpointEvent)
+_FINISHED = RankFinished()
+_new_tuple = tuple.__new__
 
 DEFAULT_AGENT_URL = "http://127.0.0.1:9405"
 _JOB_VARIABLES = (
@@ -67,39 +83,6 @@ _LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9._:@/+=-]")
 # A gap longer than this between two steps is not data loading (eval, logging, a stall).
 _MAX_AUTO_DATA_WAIT_S = 60.0
 _WARN_EVERY_S = 60.0
-# The agent's defaults (gpufleet.agent.training_events / IngestLimits); kept here as literals so
-# that this module imports nothing but the standard library. A test checks they agree.
-MAX_BATCH_EVENTS = 4096
-MAX_STEP_SECONDS = 3600.0
-MAX_CHECKPOINT_SECONDS = 86400.0
-MAX_TOKENS_PER_STEP = 10**9
-MAX_CHECKPOINT_BYTES = 10**15
-MAX_STEP_NUMBER = 1 << 53
-MAX_RANK = 1 << 20
-MAX_STAGE = 1023
-MAX_ID_LENGTH = 128
-_PHASES = ("train", "eval", "checkpoint")
-
-
-class InvalidEventError(ValueError):
-    """An event that no clamping can make acceptable; the message names the field."""
-
-
-def _seconds(name: str, value: object, upper: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidEventError(f"{name}={value!r} is not a number of seconds")
-    seconds = float(value)
-    if not math.isfinite(seconds):
-        raise InvalidEventError(f"{name}={value!r} is not finite")
-    return min(max(seconds, 0.0), upper)
-
-
-def _whole(name: str, value: object, upper: int) -> int:
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= upper:
-        raise InvalidEventError(f"{name}={value!r} is not a whole number in 0..{upper}")
-    return value
 
 
 def job_from_environment() -> str:
@@ -146,7 +129,25 @@ class _Phase:
         setattr(self._timer, self._attr, getattr(self._timer, self._attr) + elapsed)
 
 
-class StepTimer:
+class _Timer:
+    """What the step and checkpoint timers share: the exit, which tells ``_exited``
+    whether the timed block ended normally."""
+
+    __slots__ = ()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._exited(exc_type is None)
+
+    def _exited(self, ok: bool) -> None:
+        raise NotImplementedError
+
+
+class StepTimer(_Timer):
     """Context manager for one step. Use ``data()``, ``comm()`` or ``compute()`` inside to
     split it; set ``tokens`` if not known up front. Without ``compute()``, compute is the
     step's time minus its data and communication waits."""
@@ -187,19 +188,14 @@ class StepTimer:
         self._started = time.perf_counter()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc_type is not None:
+    def _exited(self, ok: bool) -> None:
+        if not ok:
             self._reporter._last_step_end = None  # an interrupted step is not recorded
             return
         self._reporter._finish_step(self, self._started)
 
 
-class CheckpointTimer:
+class CheckpointTimer(_Timer):
     """Context manager for one checkpoint save or restore.
 
     Call ``serving()`` at the moment the storage starts serving the operation (a
@@ -210,7 +206,7 @@ class CheckpointTimer:
 
     __slots__ = ("_reporter", "_served_at", "_started", "bytes", "id", "op")
 
-    def __init__(self, reporter: Reporter, op: Literal["save", "restore"], ident: str, size: int):
+    def __init__(self, reporter: Reporter, op: CheckpointOp, ident: str, size: int) -> None:
         self._reporter = reporter
         self.op = op
         self.id = ident
@@ -223,20 +219,15 @@ class CheckpointTimer:
 
     def __enter__(self) -> CheckpointTimer:
         self._started = time.perf_counter()
-        self._reporter._push(("c", self.op, "begin", self.id, 0.0, 0.0, 0, True))
+        self._reporter._push(CheckpointEvent(self.op, "begin", self.id, 0.0, 0.0, 0, True))
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def _exited(self, ok: bool) -> None:
         ended = time.perf_counter()
         served = self._served_at if self._served_at is not None else self._started
         queue_wait, service = served - self._started, ended - served
-        ok = exc_type is None
-        self._reporter._push(("c", self.op, "end", self.id, queue_wait, service, self.bytes, ok))
+        event = CheckpointEvent(self.op, "end", self.id, queue_wait, service, self.bytes, ok)
+        self._reporter._push(event)
 
 
 class Reporter:
@@ -302,7 +293,7 @@ class Reporter:
             enabled = os.environ.get("GPUFLEET_DISABLE", "") not in ("1", "true", "yes")
         self.enabled = enabled
 
-        self._buffer: deque[tuple[object, ...]] = deque()
+        self._buffer: deque[Event] = deque()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -330,10 +321,10 @@ class Reporter:
 
     def _identity_is_valid(self) -> bool:
         try:
-            _whole("rank", self.rank, MAX_RANK)
-            _whole("pp_stage", self.pp_stage, MAX_STAGE)
+            whole("rank", self.rank, MAX_RANK)
+            whole("pp_stage", self.pp_stage, MAX_STAGE)
             if self.dp_rank is not None:
-                _whole("dp_rank", self.dp_rank, MAX_RANK)
+                whole("dp_rank", self.dp_rank, MAX_RANK)
         except InvalidEventError as error:
             log.error("gpufleet client disabled: %s", error)
             return False
@@ -385,10 +376,16 @@ class Reporter:
         """Record a step timed by the caller (seconds). Never blocks, never raises."""
         if step is None:
             step = next(self._step_counter)
-        self._push(("s", step, duration_s, compute_s, data_wait_s, comm_wait_s, tokens, phase))
+        # tuple.__new__ skips the NamedTuple's generated __new__ (a Python-level call):
+        # about 0.1 us less per step on the training thread (bench/client_overhead.py).
+        self._push(
+            _new_tuple(
+                StepEvent, (step, duration_s, compute_s, data_wait_s, comm_wait_s, tokens, phase)
+            )
+        )
 
     def checkpoint(
-        self, op: Literal["save", "restore"] = "save", bytes: int = 0, id: str | None = None
+        self, op: CheckpointOp = "save", bytes: int = 0, id: str | None = None
     ) -> CheckpointTimer:
         """Time a checkpoint: ``with reporter.checkpoint("save", bytes=n) as c: ...``;
         call ``c.serving()`` when the storage starts serving, to separate queue wait."""
@@ -397,7 +394,7 @@ class Reporter:
 
     def record_checkpoint(
         self,
-        op: Literal["save", "restore"],
+        op: CheckpointOp,
         *,
         queue_wait_s: float,
         service_s: float,
@@ -406,10 +403,10 @@ class Reporter:
     ) -> None:
         """Record a checkpoint operation timed by the caller (begin and end at once)."""
         ident = f"{self.rank}-{next(self._checkpoint_ids)}"
-        self._push(("c", op, "begin", ident, 0.0, 0.0, 0, True))
-        self._push(("c", op, "end", ident, queue_wait_s, service_s, bytes, ok))
+        self._push(CheckpointEvent(op, "begin", ident, 0.0, 0.0, 0, True))
+        self._push(CheckpointEvent(op, "end", ident, queue_wait_s, service_s, bytes, ok))
 
-    def _push(self, event: tuple[object, ...]) -> None:
+    def _push(self, event: Event) -> None:
         if not self.enabled:
             return
         if self._thread is None:
@@ -487,10 +484,10 @@ class Reporter:
         if warn:
             self._warn("dropped", "gpufleet client buffer full: dropping events (they are counted)")
 
-    def _take(self) -> list[tuple[object, ...]]:
+    def _take(self) -> list[Event]:
         # Taken and marked in flight under one lock: flush() never sees the events
         # neither buffered nor in flight (it would return before they were sent).
-        taken = []
+        taken: list[Event] = []
         buffer = self._buffer
         with self._idle:
             for _ in range(min(self._batch_size, len(buffer))):
@@ -498,13 +495,15 @@ class Reporter:
             self._in_flight += 1
         return taken
 
-    def _send_events(self, events: list[tuple[object, ...]]) -> bool:
-        steps = self._valid(self._step_json, [e for e in events if e[0] == "s"])
-        checkpoints = self._valid(self._checkpoint_json, [e for e in events if e[0] == "c"])
+    def _send_events(self, events: list[Event]) -> bool:
+        steps = self._valid(self._step_json, [e for e in events if isinstance(e, StepEvent)])
+        checkpoints = self._valid(
+            self._checkpoint_json, [e for e in events if isinstance(e, CheckpointEvent)]
+        )
         finished: list[dict[str, object]] = [
             {"training_job": self.training_job, "rank": self.rank, "pp_stage": self.pp_stage}
             for e in events
-            if e[0] == "f"
+            if isinstance(e, RankFinished)
         ][:1]
         for path, payload, counted in (
             ("/v1/steps", steps, True),
@@ -517,8 +516,8 @@ class Reporter:
 
     def _valid(
         self,
-        to_json: Callable[[tuple[object, ...]], dict[str, object]],
-        events: list[tuple[object, ...]],
+        to_json: Callable[[EventT], dict[str, object]],
+        events: list[EventT],
     ) -> list[dict[str, object]]:
         payload = []
         for event in events:
@@ -564,61 +563,11 @@ class Reporter:
             return True
         return True
 
-    def _step_json(self, event: tuple[object, ...]) -> dict[str, object]:
-        _, step, duration, compute, data, comm, tokens, phase = event
-        seconds = _seconds("duration_s", duration, MAX_STEP_SECONDS)
-        if seconds <= 0.0:
-            raise InvalidEventError(f"duration_s={duration!r} is not above 0")
-        if phase not in _PHASES:
-            raise InvalidEventError(f"phase={phase!r} is not one of {', '.join(_PHASES)}")
-        # The parts must add up to at most the step: data and compute as measured,
-        # the collective wait counted only where it was exposed (not hidden under compute).
-        data_s = min(_seconds("data_wait_s", data, MAX_STEP_SECONDS), seconds)
-        payload: dict[str, object] = {
-            "training_job": self.training_job,
-            "rank": self.rank,
-            "pp_stage": self.pp_stage,
-            "step": _whole("step", step, MAX_STEP_NUMBER),
-            "duration_s": seconds,
-            "data_wait_s": data_s,
-            "tokens": _whole("tokens", tokens, MAX_TOKENS_PER_STEP),
-            "phase": phase,
-        }
-        left = seconds - data_s
-        if compute is not None:
-            compute_s = min(_seconds("compute_s", compute, MAX_STEP_SECONDS), left)
-            payload["compute_s"] = compute_s
-            left -= compute_s
-        payload["comm_wait_s"] = max(
-            0.0, min(_seconds("comm_wait_s", comm, MAX_STEP_SECONDS), left)
-        )
-        if self.dp_rank is not None:
-            payload["dp_rank"] = self.dp_rank
-        return payload
+    def _step_json(self, event: StepEvent) -> dict[str, object]:
+        return step_json(event, self.training_job, self.rank, self.pp_stage, self.dp_rank)
 
-    def _checkpoint_json(self, event: tuple[object, ...]) -> dict[str, object]:
-        _, op, kind, ident, queue_wait, service, size, ok = event
-        if op not in ("save", "restore"):
-            raise InvalidEventError(f"op={op!r} is not save or restore")
-        if not isinstance(ident, str) or not 0 < len(ident) <= MAX_ID_LENGTH:
-            raise InvalidEventError(
-                f"id={ident!r} is not a string of 1..{MAX_ID_LENGTH} characters"
-            )
-        payload: dict[str, object] = {
-            "training_job": self.training_job,
-            "rank": self.rank,
-            "op": op,
-            "event": kind,
-            "id": ident,
-        }
-        if kind == "end":
-            payload.update(
-                queue_wait_s=_seconds("queue_wait_s", queue_wait, MAX_CHECKPOINT_SECONDS),
-                service_s=_seconds("service_s", service, MAX_CHECKPOINT_SECONDS),
-                bytes=_whole("bytes", size, MAX_CHECKPOINT_BYTES),
-                ok=bool(ok),
-            )
-        return payload
+    def _checkpoint_json(self, event: CheckpointEvent) -> dict[str, object]:
+        return checkpoint_json(event, self.training_job, self.rank)
 
     def _post(self, path: str, body: bytes) -> tuple[int, bytes] | None:
         for attempt in range(2):  # one retry on a stale keep-alive connection
@@ -674,7 +623,7 @@ class Reporter:
         is not reported as hung. Recording may go on afterwards (the rank runs again)."""
         if not self.enabled or self._thread is None:
             return not self._buffer  # nothing was ever recorded: nothing to finish
-        self._push(("f",))
+        self._push(_FINISHED)
         return self.flush(timeout)
 
     def close(self) -> None:

@@ -1,0 +1,141 @@
+"""What a Reporter records on the training thread, and how each record becomes what the
+agent accepts (in the sender thread, never on the training thread).
+
+The records are NamedTuples: built positionally they cost a fraction of a dataclass's
+``__init__`` on the training thread, and they are never changed once recorded.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal, NamedTuple
+
+Phase = Literal["train", "eval", "checkpoint"]
+CheckpointOp = Literal["save", "restore"]
+
+# The agent's defaults (gpufleet.agent.training_events / IngestLimits); kept here as literals
+# so that the client imports nothing but the standard library. A test checks they agree.
+MAX_BATCH_EVENTS = 4096
+MAX_STEP_SECONDS = 3600.0
+MAX_CHECKPOINT_SECONDS = 86400.0
+MAX_TOKENS_PER_STEP = 10**9
+MAX_CHECKPOINT_BYTES = 10**15
+MAX_STEP_NUMBER = 1 << 53
+MAX_RANK = 1 << 20
+MAX_STAGE = 1023
+MAX_ID_LENGTH = 128
+_PHASES = ("train", "eval", "checkpoint")
+
+
+class StepEvent(NamedTuple):
+    """One step as recorded: the caller's figures, checked and clamped only when sent."""
+
+    step: int
+    duration_s: float
+    compute_s: float | None
+    data_wait_s: float
+    comm_wait_s: float
+    tokens: int
+    phase: Phase
+
+
+class CheckpointEvent(NamedTuple):
+    """The begin or the end of one checkpoint operation (the durations: at its end)."""
+
+    op: CheckpointOp
+    event: Literal["begin", "end"]
+    id: str
+    queue_wait_s: float
+    service_s: float
+    bytes: int
+    ok: bool
+
+
+class RankFinished(NamedTuple):
+    """This rank's training ended (sent after everything recorded before it)."""
+
+
+Event = StepEvent | CheckpointEvent | RankFinished
+
+
+class InvalidEventError(ValueError):
+    """An event that no clamping can make acceptable; the message names the field."""
+
+
+def seconds(name: str, value: object, upper: float) -> float:
+    """``value`` as seconds clamped to 0..``upper``; refused when not a finite number."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidEventError(f"{name}={value!r} is not a number of seconds")
+    number = float(value)
+    if not math.isfinite(number):
+        raise InvalidEventError(f"{name}={value!r} is not finite")
+    return min(max(number, 0.0), upper)
+
+
+def whole(name: str, value: object, upper: int) -> int:
+    """``value`` as a whole number in 0..``upper`` (7.0 is 7); refused otherwise."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= upper:
+        raise InvalidEventError(f"{name}={value!r} is not a whole number in 0..{upper}")
+    return value
+
+
+def step_json(
+    event: StepEvent, training_job: str, rank: int, pp_stage: int, dp_rank: int | None
+) -> dict[str, object]:
+    """The agent's JSON for one step, its parts made to add up to at most the step."""
+    duration = seconds("duration_s", event.duration_s, MAX_STEP_SECONDS)
+    if duration <= 0.0:
+        raise InvalidEventError(f"duration_s={event.duration_s!r} is not above 0")
+    if event.phase not in _PHASES:
+        raise InvalidEventError(f"phase={event.phase!r} is not one of {', '.join(_PHASES)}")
+    # The parts must add up to at most the step: data and compute as measured,
+    # the collective wait counted only where it was exposed (not hidden under compute).
+    data_s = min(seconds("data_wait_s", event.data_wait_s, MAX_STEP_SECONDS), duration)
+    payload: dict[str, object] = {
+        "training_job": training_job,
+        "rank": rank,
+        "pp_stage": pp_stage,
+        "step": whole("step", event.step, MAX_STEP_NUMBER),
+        "duration_s": duration,
+        "data_wait_s": data_s,
+        "tokens": whole("tokens", event.tokens, MAX_TOKENS_PER_STEP),
+        "phase": event.phase,
+    }
+    left = duration - data_s
+    if event.compute_s is not None:
+        compute_s = min(seconds("compute_s", event.compute_s, MAX_STEP_SECONDS), left)
+        payload["compute_s"] = compute_s
+        left -= compute_s
+    payload["comm_wait_s"] = max(
+        0.0, min(seconds("comm_wait_s", event.comm_wait_s, MAX_STEP_SECONDS), left)
+    )
+    if dp_rank is not None:
+        payload["dp_rank"] = dp_rank
+    return payload
+
+
+def checkpoint_json(event: CheckpointEvent, training_job: str, rank: int) -> dict[str, object]:
+    """The agent's JSON for one checkpoint begin or end."""
+    if event.op not in ("save", "restore"):
+        raise InvalidEventError(f"op={event.op!r} is not save or restore")
+    ident = event.id
+    if not isinstance(ident, str) or not 0 < len(ident) <= MAX_ID_LENGTH:
+        raise InvalidEventError(f"id={ident!r} is not a string of 1..{MAX_ID_LENGTH} characters")
+    payload: dict[str, object] = {
+        "training_job": training_job,
+        "rank": rank,
+        "op": event.op,
+        "event": event.event,
+        "id": ident,
+    }
+    if event.event == "end":
+        payload.update(
+            queue_wait_s=seconds("queue_wait_s", event.queue_wait_s, MAX_CHECKPOINT_SECONDS),
+            service_s=seconds("service_s", event.service_s, MAX_CHECKPOINT_SECONDS),
+            bytes=whole("bytes", event.bytes, MAX_CHECKPOINT_BYTES),
+            ok=bool(event.ok),
+        )
+    return payload
