@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import json
 import os
 import shutil
 import sqlite3
@@ -40,7 +39,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gpufleet.devstack import ManagedProcess, free_port, http_get, wait_until
+from gpufleet.devstack import ManagedProcess, free_port, http_get, ledger_post, wait_until
 from gpufleet.fleet.store import MIGRATIONS, LedgerLimits
 
 REPO = Path(__file__).resolve().parent.parent
@@ -165,13 +164,8 @@ def scrape_phase(
 def post(
     connection: http.client.HTTPConnection, path: str, body: dict[str, object], key: str
 ) -> None:
-    connection.request(
-        "POST", path, json.dumps(body),
-        {"Content-Type": "application/json", "Idempotency-Key": key},
-    )  # fmt: skip
-    response = connection.getresponse()
-    response.read()
-    assert response.status in (200, 201), (response.status, key)
+    status = ledger_post(connection, path, body, key)
+    assert status in (200, 201), (status, key)
 
 
 def writer(ledger: Ledger, worker: int, pairs: int) -> None:

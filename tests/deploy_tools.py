@@ -21,6 +21,17 @@ CHART = REPO / "helm" / "gpufleet"
 HELM = REPO / ".tools" / "helm"
 
 
+def build_wheel(directory: Path) -> Path:
+    """This checkout's wheel, built into ``directory`` (offline, no dependencies)."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+         "--wheel-dir", str(directory), str(REPO)],
+        check=True, timeout=300, capture_output=True,
+    )  # fmt: skip
+    (wheel,) = directory.glob("gpufleet-*.whl")
+    return wheel
+
+
 def unavailable(message: str) -> None:
     if os.environ.get("CI"):
         pytest.fail(message)

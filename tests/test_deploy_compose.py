@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from deploy_tools import REPO, tool
+from deploy_tools import REPO, build_wheel, tool
 from gpufleet.cli import COMMAND_EXTRAS, build_parser
 from gpufleet.deploytree import DeployTree
 
@@ -68,32 +68,28 @@ def resolve_in_container(mounts: dict[str, Path], path: str) -> Path | None:
     return None
 
 
-def test_docker_compose_config_is_valid() -> None:
+def compose_config(file: Path) -> subprocess.CompletedProcess[str]:
+    """``docker-compose config -q`` on ``file``: docker compose's own validation."""
     docker_compose = tool("docker-compose", "apt-get install -y docker-compose (make deploy-tools)")
-    result = subprocess.run(
-        [docker_compose, "-f", str(COMPOSE), "config", "-q"],
-        cwd=REPO,
+    return subprocess.run(
+        [docker_compose, "-f", str(file), "config", "-q"],
+        cwd=file.parent,
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
+
+
+def test_docker_compose_config_is_valid() -> None:
+    result = compose_config(COMPOSE)
     assert result.returncode == 0, result.stderr
 
 
 def test_docker_compose_config_rejects_a_broken_file(tmp_path: Path) -> None:
-    docker_compose = tool("docker-compose", "apt-get install -y docker-compose (make deploy-tools)")
     broken = tmp_path / "docker-compose.yml"
     broken.write_text(COMPOSE.read_text().replace("    depends_on:", "    depends_onn:", 1))
-    result = subprocess.run(
-        [docker_compose, "-f", str(broken), "config", "-q"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode != 0
+    assert compose_config(broken).returncode != 0
 
 
 def test_every_service_is_pinned_and_published_on_loopback_only() -> None:
@@ -279,12 +275,7 @@ def test_dockerfile_builds_from_files_that_exist_and_runs_as_non_root() -> None:
 
 def test_the_image_install_ships_every_command_and_its_data(tmp_path: Path) -> None:
     # The Dockerfile installs this project's wheel: build it here (extras change no file).
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-         "--wheel-dir", str(tmp_path), str(REPO)],
-        check=True, timeout=300, capture_output=True,
-    )  # fmt: skip
-    (wheel,) = tmp_path.glob("gpufleet-*.whl")
+    wheel = build_wheel(tmp_path)
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "gpufleet/pager.py" in names
     assert "gpufleet/simulate/scenarios/demo.yaml" in names

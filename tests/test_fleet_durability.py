@@ -4,7 +4,6 @@ keeps materialised still equal a recomputation from the stored history afterward
 from __future__ import annotations
 
 import http.client
-import json
 import os
 import signal
 import sqlite3
@@ -20,7 +19,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpufleet.devstack import ManagedProcess, free_port, http_get, wait_until
+from gpufleet.devstack import ManagedProcess, free_port, http_get, ledger_post, wait_until
 from gpufleet.fleet.counters import snapshot_from_history
 from gpufleet.fleet.ledger_client import LedgerClient
 from gpufleet.fleet.metrics import ledger_families
@@ -46,16 +45,6 @@ def start_ledger(db: Path, port: int, log: Path) -> ManagedProcess:
     process.start()
     wait_until(lambda: http_get(f"http://127.0.0.1:{port}/readyz"), 30, what="the ledger")
     return process
-
-
-def post(connection: http.client.HTTPConnection, key: str, path: str, body: dict[str, Any]) -> int:
-    connection.request(
-        "POST", path, json.dumps(body),
-        {"Content-Type": "application/json", "Idempotency-Key": key},
-    )  # fmt: skip
-    response = connection.getresponse()
-    response.read()
-    return response.status
 
 
 def exclusion_requests(worker: int) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -126,7 +115,7 @@ def test_every_acknowledged_write_survives_kill_9_and_counters_match_the_history
             with lock:
                 sent[key] = (path, body)
             try:
-                status = post(connection, key, path, body)
+                status = ledger_post(connection, path, body, key)
             except (OSError, http.client.HTTPException):
                 return  # the ledger was killed mid-request: this one's fate is unknown
             assert status in (200, 201), (key, status)
@@ -163,7 +152,7 @@ def test_every_acknowledged_write_survives_kill_9_and_counters_match_the_history
         # Writers retry what they never heard back about: nothing is counted twice.
         connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
         for key in sorted(set(sent) - acknowledged):
-            assert post(connection, key, *sent[key]) in (200, 201), key
+            assert ledger_post(connection, *sent[key], key) in (200, 201), key
         after = client.get_all("/v1/exclusions")
         exclusions_sent = sum(1 for path, _ in sent.values() if path == "/v1/exclusions")
         assert len(after) == exclusions_sent

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from deploy_tools import REPO, tool
+from deploy_tools import REPO, build_wheel, tool
 from gpufleet.cli import COMMAND_EXTRAS, MODULE_EXTRAS, missing_extra_hint
 from gpufleet.deploytree import CONFIGS, PACKAGE_COPIES
 from gpufleet.devstack import free_port, wait_until
@@ -69,13 +69,7 @@ class Install:
 
 @pytest.fixture(scope="module")
 def install(tmp_path_factory: pytest.TempPathFactory) -> Install:
-    wheels = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-         "--wheel-dir", str(wheels), str(REPO)],
-        check=True, timeout=300, capture_output=True,
-    )  # fmt: skip
-    (wheel,) = wheels.glob("gpufleet-*.whl")
+    wheel = build_wheel(tmp_path_factory.mktemp("wheel"))
     root = tmp_path_factory.mktemp("venv")
     venv.create(root, with_pip=True)
     installed = Install(root)

@@ -7,6 +7,7 @@ paths), is polled until ready, and is stopped by PID.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
@@ -79,6 +80,19 @@ def http_json(url: str, payload: Any | None = None, timeout: float = 5.0) -> Any
     with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
         body = response.read()
         return json.loads(body) if body.strip() else None
+
+
+def ledger_post(
+    connection: http.client.HTTPConnection, path: str, body: dict[str, Any], key: str
+) -> int:
+    """One write to the ledger over a kept-alive connection (load tests); its HTTP status."""
+    connection.request(
+        "POST", path, json.dumps(body),
+        {"Content-Type": "application/json", "Idempotency-Key": key},
+    )  # fmt: skip
+    response = connection.getresponse()
+    response.read()
+    return response.status
 
 
 def wait_until(
