@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpufleet.rules.build import job_steady_step
 from gpufleet.rules.config import RulesConfig
+from gpufleet.rules.fail_slow import job_steady_step
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,8 +22,9 @@ from gpufleet.dashboards.common import (
     timeseries_panel,
 )
 from gpufleet.dashboards.names import Recorded
-from gpufleet.rules.build import Record, health_recording
+from gpufleet.rules.common import Record
 from gpufleet.rules.config import RulesConfig
+from gpufleet.rules.health import health_recording
 
 UID = "gpufleet-node"
 NODE = 'node="$node"'

@@ -1,0 +1,125 @@
+"""What every rule module shares: the rule objects, selectors and expression helpers.
+
+The rules are built by area (``gpu``, ``node``, ``health``, ``fail_slow``,
+``checkpoint``, ``reliability``, ``dashboard_support``) and assembled in ``build``.
+
+Conventions (after the monitoring mixins): alerts are ``GpuFleet...`` CamelCase,
+``severity`` is critical (page now), warning (page or ticket within hours) or
+info (dashboards only); every alert has a static ``summary``, a templated
+``description`` naming node, GPU, job and value, and a ``runbook_url`` into
+``alerts/RUNBOOK.md``. Recording rules are ``level:metric:operation``. GPU series
+may come from gpufleet's agent or from dcgm-exporter, which labels the node
+``Hostname`` (released) or ``hostname`` (main branch); both become ``node``
+(``RulesConfig.node_labels``). dcgm-exporter series may also carry ``pod`` /
+``namespace`` / ``container`` labels that change with the workload: every GPU rule
+compares a GPU with itself by ``UUID``, never by whole label sets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpufleet.rules.config import RulesConfig
+
+GPU = "node, gpu, UUID"
+STAGE = "training_job, pp_stage"
+NODE_STAGE = "training_job, node, pp_stage"
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    record: str
+    expr: str
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        rule: dict[str, Any] = {"record": self.record, "expr": self.expr}
+        if self.labels:
+            rule["labels"] = dict(self.labels)
+        return rule
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    alert: str
+    expr: str
+    severity: str
+    summary: str
+    description: str
+    for_: str = "0m"
+
+    def as_dict(self, config: RulesConfig) -> dict[str, Any]:
+        rule: dict[str, Any] = {"alert": self.alert, "expr": self.expr}
+        if self.for_ != "0m":
+            rule["for"] = self.for_
+        rule["labels"] = {"severity": config.severity(self.alert, self.severity)}
+        rule["annotations"] = {
+            "summary": self.summary,
+            "description": self.description,
+            "runbook_url": config.runbook_url.format(anchor=self.alert.lower()),
+        }
+        return rule
+
+
+@dataclass(slots=True)
+class Group:
+    name: str
+    rules: Sequence[Record | Alert]
+    interval: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RuleFile:
+    name: str  # file stem, e.g. "gpu" -> alerts/gpu.rules.yaml
+    groups: list[Group]
+
+
+def metric(name: str, selector: str, extra: str = "") -> str:
+    inner = ", ".join(part for part in (selector, extra) if part)
+    return f"{name}{{{inner}}}"
+
+
+NODE_LABELS = ("Hostname", "hostname")
+
+
+def with_node(expr: str, labels: Sequence[str] = NODE_LABELS) -> str:
+    """Add ``node`` from the label that names it (``Hostname``, ``hostname``; the last
+    listed that is set wins, so list the preferred one last: they hold the same name)."""
+    for label in labels:
+        expr = f'label_replace({expr}, "node", "$1", "{label}", "(.+)")'
+    return expr
+
+
+def per_gpu(expr: str, labels: Sequence[str] = NODE_LABELS) -> str:
+    return f"max by ({GPU}) (\n  {with_node(expr, labels)}\n)"
+
+
+def risen(series: str, window: str) -> str:
+    """How much a counter rose within ``window``: robust to young series and resets."""
+    return f"({series} - min_over_time({series}[{window}]))"
+
+
+def new_in(series: str, window: str) -> str:
+    """Increments of a counter that may appear (first event) or reset (agent restart)."""
+    return (
+        f"(({series} - {series} offset {window}) > 0)\n"
+        f"  or ({series} unless {series} offset {window})\n"
+        f"  or ({series} < {series} offset {window})"
+    )
+
+
+# Reused templates.
+GPU_WHO = "{{ $labels.node }} GPU {{ $labels.gpu }} ({{ $labels.UUID }})"
+JOB_NODE = (
+    "{{ $labels.node }} in job {{ $labels.training_job }} (pipeline stage {{ $labels.pp_stage }})"
+)
+
+
+def agent_node(config: RulesConfig, expr: str) -> str:
+    """Self-metrics carry no Hostname: take the node from gpufleet_agent_info by target."""
+    info = metric("gpufleet_agent_info", config.agent_selector)
+    return (
+        f"({expr})\n  * on (instance, job) group_left (node) max by (instance, job, node) ({info})"
+    )

@@ -1,0 +1,72 @@
+"""Recorded only for dashboards/ (exporter/gpufleet/dashboards/): what a panel would
+otherwise compute over every GPU or every node on each refresh. No alert reads them."""
+
+from __future__ import annotations
+
+from gpufleet.rules.common import NODE_STAGE, Alert, Group, Record, metric, with_node
+from gpufleet.rules.config import RulesConfig
+
+
+def dashboard_support_group(config: RulesConfig) -> Group:
+    gpus, agent, fleet = config.gpu_selector, config.agent_selector, config.fleet_selector
+    w = config.rate_window
+    month = "30d"
+    ckpt_by = "training_job, node, op"
+    exclusions = metric("gpufleet_fleet_node_exclusions_total", fleet)
+    saves = metric("gpufleet_checkpoint_operations_total", agent, 'op="save"')
+    phases = "\n  or ".join(
+        f"label_replace(rate({metric(f'gpufleet_training_{name}_seconds_total', agent)}[{w}]), "
+        f'"phase", "{phase}", "", "")'
+        for phase, name in (
+            ("compute", "compute"),
+            ("collective_wait", "collective_wait"),
+            ("data_wait", "data_wait"),
+        )
+    )
+    rules: list[Record | Alert] = [
+        # Which node each GPU is on, whichever exporter and label spelling: the node
+        # dashboard selects a node's GPUs by UUID through it. gpufleet_gpu_up keeps a
+        # lost GPU (no more readings) on its node.
+        Record(
+            "gpu:gpufleet_gpu_node:info",
+            f"group by (node, gpu, UUID) (\n  {with_node(metric('gpufleet_gpu_up', gpus) + ' or ' + metric('DCGM_FI_DEV_GPU_TEMP', gpus), config.node_labels)}\n)",
+        ),
+        Record(
+            "node:gpufleet_gpus_reporting:count",
+            f"count by (node) (\n  {with_node(metric('DCGM_FI_DEV_GPU_TEMP', gpus), config.node_labels)}\n)",
+        ),
+        Record("fleet:DCGM_FI_DEV_GPU_UTIL:avg", f"avg({metric('DCGM_FI_DEV_GPU_UTIL', gpus)})"),
+        Record(
+            "fleet:DCGM_FI_DEV_POWER_USAGE:sum", f"sum({metric('DCGM_FI_DEV_POWER_USAGE', gpus)})"
+        ),
+        Record(
+            f"node:gpufleet_training_phase_seconds_per_step:rate{w}",
+            f"sum by ({NODE_STAGE}, phase) (\n  {phases}\n)\n"
+            f"/ on ({NODE_STAGE}) group_left ()\n"
+            f"sum by ({NODE_STAGE}) (rate({metric('gpufleet_training_steps_total', agent)}[{w}]))",
+        ),
+        Record(
+            f"reason:gpufleet_fleet_exclusions:increase{month}",
+            f"sum by (reason) ({exclusions} - ({exclusions} offset {month} or {exclusions} * 0))",
+        ),
+        # Per node: seconds per checkpoint operation (queued + served) and bytes/s; what
+        # the checkpoint dashboard draws for every node of a job.
+        Record(
+            f"node:gpufleet_checkpoint_seconds_per_op:rate{w}",
+            f"(\n  sum by ({ckpt_by}) (rate({metric('gpufleet_checkpoint_queue_wait_seconds_total', agent)}[{w}]))\n"
+            f"  + sum by ({ckpt_by}) (rate({metric('gpufleet_checkpoint_service_seconds_total', agent)}[{w}]))\n)\n"
+            f"/ sum by ({ckpt_by}) (rate({metric('gpufleet_checkpoint_operations_total', agent)}[{w}]))",
+        ),
+        Record(
+            f"node:gpufleet_checkpoint_bytes:rate{w}",
+            f"sum by ({ckpt_by}) (rate({metric('gpufleet_checkpoint_bytes_total', agent)}[{w}]))",
+        ),
+        # Seconds between a node's saves, averaged over the job's saving nodes. Each rank
+        # that writes its shard counts one operation, so saves are per rank of the node.
+        Record(
+            "job:gpufleet_checkpoint_interval_seconds:rate1h",
+            f"1 / avg by (training_job) (\n  sum by (training_job, node) (rate({saves}[1h]))\n"
+            f"  / max by (training_job, node) ({metric('gpufleet_training_ranks', agent)}) > 0\n)",
+        ),
+    ]
+    return Group("gpufleet-dashboard-support", rules)

@@ -1,0 +1,140 @@
+"""Node presence rules: agents and GPU exporters that stop answering, scrape targets
+that vanish, telemetry that collapses, and the node health page."""
+
+from __future__ import annotations
+
+from gpufleet.rules.common import Alert, Group, Record, agent_node, metric
+from gpufleet.rules.config import RulesConfig
+from gpufleet.rules.gpu import dcgm_gpus_records
+
+
+def targets_record(component: str) -> str:
+    return f"fleet:gpufleet_{component}_targets:count"
+
+
+def presence_records(config: RulesConfig) -> list[Record | Alert]:
+    """Targets per component now, what the "seen" presence alerts remember."""
+    selectors = {"gpu": config.gpu_selector, "agent": config.agent_selector}
+    return [
+        Record(targets_record(component), f"count({metric('up', selector)})")
+        for component, selector in selectors.items()
+        if getattr(config, f"{component}_presence") == "seen"
+    ]
+
+
+def targets_missing(config: RulesConfig, component: str, selector: str) -> str | None:
+    """No target left: "required" since ever, "seen" of those scraped within the memory."""
+    mode = getattr(config, f"{component}_presence")
+    if mode == "off":
+        return None
+    if mode == "required":
+        return f"absent({metric('up', selector)})"
+    name = targets_record(component)
+    return f"max_over_time({name}[{config.presence_memory}])\nunless on () {name}"
+
+
+def presence_note(config: RulesConfig, component: str) -> str:
+    mode = getattr(config, f"{component}_presence")
+    if mode == "required":
+        return "The site requires them (presence: required)."
+    return f"Prometheus scraped some within {config.presence_memory} (presence: seen)."
+
+
+def node_alerts(config: RulesConfig) -> Group:
+    agent_up = metric("up", config.agent_selector)
+    node_up = f'label_replace({agent_up}, "node", "$1", "instance", "([^:]+).*")'
+    excluded = metric("gpufleet_fleet_node_excluded", config.fleet_selector)
+    quiet = config.excluded_quiet_after
+    quietly_excluded = (
+        f"unless on (node) (max by (node) ({excluded} == 1) and on (node) max by (node) "
+        f"({excluded} offset {quiet} == 1))"
+    )
+    collapsed = agent_node(
+        config, metric("gpufleet_collector_up", config.agent_selector, 'collector="gpu"') + " == 0"
+    )
+    dcgm_count, dcgm_max = dcgm_gpus_records(config)
+    rules: list[Record | Alert] = [
+        Alert(
+            "GpuFleetAgentDown",
+            f"max by (node, instance) ({node_up} == 0)\n{quietly_excluded}",
+            "critical",
+            "A node's gpufleet agent does not answer: the node may be down.",
+            "The agent on {{ $labels.node }} ({{ $labels.instance }}) has not answered for "
+            f"{config.agent_down_for}: the host may have died. Check the node; exclude it from jobs.",
+            config.agent_down_for,
+        ),
+        # Nodes without gpufleet's agent: dcgm-exporter's target on a dead node answers
+        # nothing (up 0) or leaves service discovery with its pod. Either way the node's
+        # GPUs stop answering; a node that showed GPUs within the memory and shows none
+        # now is down. A node gpufleet's agent watches is GpuFleetAgentDown's.
+        Alert(
+            "GpuFleetGpuExporterDown",
+            f"{dcgm_max}\nunless on (node) {dcgm_count}\n"
+            f"unless on (node) max by (node) ({node_up})\n{quietly_excluded}",
+            "critical",
+            "A node's GPU exporter (dcgm-exporter) no longer answers: the node may be down.",
+            "{{ $labels.node }} showed {{ $value }} GPUs within "
+            f"{config.gpus_expected_memory} and none for {config.exporter_down_for}: its "
+            "dcgm-exporter is down or gone with its pod, or the host died. Check the node; "
+            "exclude it from jobs.",
+            config.exporter_down_for,
+        ),
+        Alert(
+            "GpuFleetTelemetryCollapse",
+            collapsed,
+            "critical",
+            "A node's GPU telemetry collapsed: NVML no longer answers.",
+            "NVML on {{ $labels.node }} has not completed a collection for too long, so its GPU "
+            "values are no longer served: the driver is wedged. Drain the node and reboot it.",
+            config.telemetry_collapse_for,
+        ),
+        *_targets_missing_alerts(config),
+        Alert(
+            "GpuFleetNodeHealthDegraded",
+            f"node:gpufleet_health:score >= {config.health_threshold}",
+            "warning",
+            "Several weak warning signs on one node at once.",
+            "{{ $labels.node }} shows several weak warning signs together (health score "
+            "{{ $value }}): the Node dashboard's 'Health score and its signals' panel shows which. "
+            "Drain and test it.",
+            config.health_for,
+        ),
+    ]
+    return Group("gpufleet-node-alerts", rules)
+
+
+def _targets_missing_alerts(config: RulesConfig) -> list[Record | Alert]:
+    alerts: list[Record | Alert] = []
+    gpu = targets_missing(config, "gpu", config.gpu_selector)
+    if gpu is not None:
+        alerts.append(
+            Alert(
+                "GpuFleetGpuTargetsMissing",
+                gpu,
+                "critical",
+                "Prometheus scrapes no GPU exporter at all (gpufleet agent or dcgm-exporter).",
+                f"No target of {config.gpu_selector} has been scraped for "
+                f"{config.targets_missing_for}. {presence_note(config, 'gpu')} No GPU alert "
+                "can fire: the exporters are gone or service discovery broke "
+                "({{ $value }} target(s) before).",
+                config.targets_missing_for,
+            )
+        )
+    agent = targets_missing(config, "agent", config.agent_selector)
+    if agent is not None:
+        if gpu is not None:  # every GPU exporter gone: that page says it all
+            agent += f"\nunless on () ({gpu})"
+        alerts.append(
+            Alert(
+                "GpuFleetAgentTargetsMissing",
+                agent,
+                "critical",
+                "Prometheus scrapes no gpufleet agent at all.",
+                f"No target of {config.agent_selector} has been scraped for "
+                f"{config.targets_missing_for}. {presence_note(config, 'agent')} No training "
+                "alert can fire, nor GPU alerts from the agent (dcgm-exporter's still can): "
+                "the agents are gone or service discovery broke ({{ $value }} target(s) before).",
+                config.targets_missing_for,
+            )
+        )
+    return alerts
