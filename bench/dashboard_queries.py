@@ -30,6 +30,7 @@ from pathlib import Path
 
 from gpufleet.dashboards.build import dashboards
 from gpufleet.dashboards.common import render
+from gpufleet.dashboards.names import Recorded
 from gpufleet.dashboards.stack import FedPrometheus, fed_prometheus
 from gpufleet.devstack import wait_until
 from gpufleet.rules.config import RulesConfig
@@ -94,11 +95,12 @@ def main() -> int:
                 file=sys.stderr,
             )
             # The recorded series the panels read exist once each group has run once.
+            recorded = Recorded.of(RulesConfig())
             wait_until(
                 lambda: (
-                    fed.prometheus.query("node:gpufleet_gpus_reporting:count")
-                    and fed.prometheus.query("node:gpufleet_training_compute_ratio:rate5m")
-                    and fed.prometheus.query("gpu:gpufleet_gpu_hw_slowdown:active or vector(1)")
+                    fed.prometheus.query(recorded.node_gpus)
+                    and fed.prometheus.query(recorded.compute_ratio)
+                    and fed.prometheus.query(f"{recorded.hw_slowdown} or vector(1)")
                 ),
                 180,
                 what="the recording rules' first evaluation",

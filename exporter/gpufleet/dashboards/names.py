@@ -1,12 +1,17 @@
-"""Recorded series the dashboards read, named from the rules' config exactly as the rules
-name them (tests check that every one of them is recorded by alerts/*.rules.yaml)."""
+"""Recorded series the dashboards read, taken from the series objects of the rule modules
+that record them (tests check that every one of them is recorded by alerts/*.rules.yaml)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpufleet.rules.checkpoint import CheckpointSeries
 from gpufleet.rules.config import RulesConfig
-from gpufleet.rules.fail_slow import job_steady_step
+from gpufleet.rules.dashboard_support import DashboardSeries
+from gpufleet.rules.fail_slow import TrainingSeries
+from gpufleet.rules.gpu import GpuSeries
+from gpufleet.rules.health import HEALTH_SCORE
+from gpufleet.rules.reliability import ReliabilitySeries
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,33 +45,34 @@ class Recorded:
 
     @classmethod
     def of(cls, config: RulesConfig) -> Recorded:
-        w = config.rate_window
-        steady, steady_baseline = job_steady_step(config)
+        gpu, training = GpuSeries.of(config), TrainingSeries.of(config)
+        checkpoint, reliability = CheckpointSeries.of(config), ReliabilitySeries.of(config)
+        support = DashboardSeries.of(config)
         return cls(
-            health="node:gpufleet_health:score",
-            compute_ratio=f"node:gpufleet_training_compute_ratio:rate{w}",
-            compute_zscore=f"node:gpufleet_training_compute_zscore:rate{w}",
-            baseline_ratio=f"node:gpufleet_training_baseline_ratio:rate{w}",
-            job_step="job:gpufleet_training_step_seconds:rate2m",
-            job_steady=steady,
-            job_steady_baseline=steady_baseline,
-            phase_per_step=f"node:gpufleet_training_phase_seconds_per_step:rate{w}",
-            xid_new=f"gpu:gpufleet_gpu_xid_errors:new{config.xid_window}",
-            hw_slowdown="gpu:gpufleet_gpu_hw_slowdown:active",
-            queue_share=f"job:gpufleet_checkpoint_queue_share:rate{config.checkpoint_window}",
-            writers=f"job:gpufleet_checkpoint_writers:count{config.checkpoint_window}",
-            queue_wait_per_op="job:gpufleet_checkpoint_queue_wait_per_op:rate1h",
-            seconds_per_op="job:gpufleet_checkpoint_seconds_per_op:rate1h",
-            exclusions_node="node:gpufleet_fleet_exclusions:increase30d",
-            exclusions_reason="reason:gpufleet_fleet_exclusions:increase30d",
-            top3_share="fleet:gpufleet_fleet_exclusions:top3_share30d",
-            mtbf="fleet:gpufleet_node_mtbf_hours:30d",
-            young_daly="job:gpufleet_checkpoint_interval_young_daly_seconds:30d",
-            checkpoint_interval="job:gpufleet_checkpoint_interval_seconds:rate1h",
-            fleet_util="fleet:DCGM_FI_DEV_GPU_UTIL:avg",
-            fleet_power="fleet:DCGM_FI_DEV_POWER_USAGE:sum",
-            node_gpus="node:gpufleet_gpus_reporting:count",
-            gpu_node="gpu:gpufleet_gpu_node:info",
-            node_seconds_per_op=f"node:gpufleet_checkpoint_seconds_per_op:rate{w}",
-            node_checkpoint_bytes=f"node:gpufleet_checkpoint_bytes:rate{w}",
+            health=HEALTH_SCORE,
+            compute_ratio=training.compute_ratio,
+            compute_zscore=training.compute_zscore,
+            baseline_ratio=training.baseline_ratio,
+            job_step=training.job_step,
+            job_steady=training.job_steady,
+            job_steady_baseline=training.job_steady_baseline,
+            phase_per_step=support.phase_per_step,
+            xid_new=gpu.xid_new,
+            hw_slowdown=gpu.hw_slowdown,
+            queue_share=checkpoint.queue_share,
+            writers=checkpoint.writers,
+            queue_wait_per_op=checkpoint.queue_wait_per_op,
+            seconds_per_op=checkpoint.seconds_per_op,
+            exclusions_node=reliability.node_exclusions,
+            exclusions_reason=support.exclusions_reason,
+            top3_share=reliability.top_share,
+            mtbf=reliability.node_mtbf,
+            young_daly=reliability.young_daly,
+            checkpoint_interval=support.checkpoint_interval,
+            fleet_util=support.fleet_util,
+            fleet_power=support.fleet_power,
+            node_gpus=support.node_gpus,
+            gpu_node=support.gpu_node,
+            node_seconds_per_op=support.node_seconds_per_op,
+            node_checkpoint_bytes=support.node_checkpoint_bytes,
         )

@@ -24,7 +24,7 @@ from gpufleet.dashboards.common import (
 from gpufleet.dashboards.names import Recorded
 from gpufleet.rules.common import Record
 from gpufleet.rules.config import RulesConfig
-from gpufleet.rules.health import health_recording
+from gpufleet.rules.health import HEALTH_SIGNAL, health_recording
 
 UID = "gpufleet-node"
 NODE = 'node="$node"'
@@ -54,7 +54,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
     signals = "\nor ".join(
         f'label_replace({rule.record}{{{sel(NODE)}}}, "signal", "{rule.record.rsplit(":", 1)[1]}", "", "")'
         for rule in health_recording(config).rules
-        if isinstance(rule, Record) and ":gpufleet_health_signal:" in rule.record
+        if isinstance(rule, Record) and rule.record.startswith(HEALTH_SIGNAL)
     )
 
     def gpu_panel(

@@ -2,13 +2,40 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from gpufleet.rules.common import Alert, Group, Record, metric
 from gpufleet.rules.config import RulesConfig
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointSeries:
+    """What checkpoint.rules.yaml records, each named once here: the checkpoint alerts,
+    the reliability rules and the dashboards refer to these."""
+
+    queue_share: str  # per job: share of checkpoint time queued, over checkpoint_window
+    writers: str  # per job: nodes that wrote within checkpoint_window
+    seconds_per_op: str  # per job and op over checkpoint_op_window
+    queue_wait_per_op: str
+    seconds_per_op_daly: str  # per job and op over checkpoint_daly_window
+
+    @classmethod
+    def of(cls, config: RulesConfig) -> CheckpointSeries:
+        w, op_w = config.checkpoint_window, config.checkpoint_op_window
+        return cls(
+            queue_share=f"job:gpufleet_checkpoint_queue_share:rate{w}",
+            writers=f"job:gpufleet_checkpoint_writers:count{w}",
+            seconds_per_op=f"job:gpufleet_checkpoint_seconds_per_op:rate{op_w}",
+            queue_wait_per_op=f"job:gpufleet_checkpoint_queue_wait_per_op:rate{op_w}",
+            seconds_per_op_daly=f"job:gpufleet_checkpoint_seconds_per_op:rate{config.checkpoint_daly_window}",
+        )
 
 
 def checkpoint_groups(config: RulesConfig) -> list[Group]:
     sel = config.agent_selector
     w = config.checkpoint_window
+    series = CheckpointSeries.of(config)
+    op_w, daly_w = config.checkpoint_op_window, config.checkpoint_daly_window
 
     def rate_by(name: str, by: str, window: str = w, extra: str = "") -> str:
         return f"sum by ({by}) (rate({metric(name, sel, extra)}[{window}]))"
@@ -19,34 +46,34 @@ def checkpoint_groups(config: RulesConfig) -> list[Group]:
     )
     records: list[Record | Alert] = [
         Record(
-            f"job:gpufleet_checkpoint_queue_share:rate{w}",
+            series.queue_share,
             f"{rate_by(queue, 'training_job')}\n/ ({rate_by(queue, 'training_job')} + {rate_by(service, 'training_job')})",
         ),
         Record(
-            f"job:gpufleet_checkpoint_writers:count{w}",
+            series.writers,
             f"count by (training_job) (\n  sum by (training_job, node) (increase({metric('gpufleet_checkpoint_operations_total', sel)}[{w}])) > 0\n)",
         ),
         Record(
-            "job:gpufleet_checkpoint_seconds_per_op:rate1h",
-            f"({rate_by(queue, 'training_job, op', '1h')} + {rate_by(service, 'training_job, op', '1h')})\n"
-            f"/ {rate_by('gpufleet_checkpoint_operations_total', 'training_job, op', '1h')}",
+            series.seconds_per_op,
+            f"({rate_by(queue, 'training_job, op', op_w)} + {rate_by(service, 'training_job, op', op_w)})\n"
+            f"/ {rate_by('gpufleet_checkpoint_operations_total', 'training_job, op', op_w)}",
         ),
         Record(
-            "job:gpufleet_checkpoint_queue_wait_per_op:rate1h",
-            f"{rate_by(queue, 'training_job, op', '1h')}\n"
-            f"/ {rate_by('gpufleet_checkpoint_operations_total', 'training_job, op', '1h')}",
+            series.queue_wait_per_op,
+            f"{rate_by(queue, 'training_job, op', op_w)}\n"
+            f"/ {rate_by('gpufleet_checkpoint_operations_total', 'training_job, op', op_w)}",
         ),
         Record(
-            "job:gpufleet_checkpoint_seconds_per_op:rate1d",
-            f"({rate_by(queue, 'training_job, op', '1d')} + {rate_by(service, 'training_job, op', '1d')})\n"
-            f"/ {rate_by('gpufleet_checkpoint_operations_total', 'training_job, op', '1d')}",
+            series.seconds_per_op_daly,
+            f"({rate_by(queue, 'training_job, op', daly_w)} + {rate_by(service, 'training_job, op', daly_w)})\n"
+            f"/ {rate_by('gpufleet_checkpoint_operations_total', 'training_job, op', daly_w)}",
         ),
     ]
     alerts: list[Record | Alert] = [
         Alert(
             "GpuFleetCheckpointQueueBound",
-            f"job:gpufleet_checkpoint_queue_share:rate{w} > {config.checkpoint_queue_share}\n"
-            f"and on (training_job) job:gpufleet_checkpoint_writers:count{w} >= {config.checkpoint_min_writers}",
+            f"{series.queue_share} > {config.checkpoint_queue_share}\n"
+            f"and on (training_job) {series.writers} >= {config.checkpoint_min_writers}",
             "warning",
             "Checkpoints spend most of their time queued for storage, not writing.",
             "Checkpoints of job {{ $labels.training_job }} spent {{ $value | humanizePercentage }} of "
@@ -56,7 +83,7 @@ def checkpoint_groups(config: RulesConfig) -> list[Group]:
         ),
         Alert(
             "GpuFleetCheckpointSlow",
-            f'job:gpufleet_checkpoint_seconds_per_op:rate1h{{op="save"}} > {config.checkpoint_save_budget_s:g}',
+            f'{series.seconds_per_op}{{op="save"}} > {config.checkpoint_save_budget_s:g}',
             "warning",
             "Checkpoint saves take longer than their budget.",
             "Checkpoint saves of job {{ $labels.training_job }} take {{ $value | humanizeDuration }} "
@@ -64,7 +91,7 @@ def checkpoint_groups(config: RulesConfig) -> list[Group]:
         ),
         Alert(
             "GpuFleetRestoreSlow",
-            f'job:gpufleet_checkpoint_seconds_per_op:rate1h{{op="restore"}} > {config.checkpoint_restore_budget_s:g}',
+            f'{series.seconds_per_op}{{op="restore"}} > {config.checkpoint_restore_budget_s:g}',
             "warning",
             "Checkpoint restores take longer than their budget.",
             "Restores of job {{ $labels.training_job }} take {{ $value | humanizeDuration }} each "

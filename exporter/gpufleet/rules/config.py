@@ -122,9 +122,22 @@ class RulesConfig:
     health_signal_weight: float = 0.5
     health_threshold: float = 1.0  # two weak signals together
     health_for: str = "10m"
+    # the weak signals: each a count within its window, or a share of time
+    health_remaps_min: int = 1  # correctable remaps within remaps_climbing_window
+    health_pcie_replays_min: int = 2  # within pcie_window
+    health_nvlink_window: str = "30m"
+    health_nvlink_replays_min: int = 1
+    health_sbe_window: str = "1h"
+    health_sbe_min: int = 100  # single-bit ECC errors
+    health_throttle_window: str = "15m"
+    health_throttle_share: float = 0.5  # of the window in a software slowdown
+    health_slow_ratio: float = 1.05  # compute time against the stage median
 
     # -- fail-slow -----------------------------------------------------------------------------
     rate_window: str = "5m"
+    # A node or job still steps while its steps rose within this window; the job's
+    # step time is averaged over it before the steady quantile is taken.
+    step_window: str = "2m"
     straggler_ratio: float = 1.10
     straggler_zscore: float = 3.5
     straggler_min_peers: int = 4  # nodes in the stage; below it, compare ranks
@@ -148,6 +161,7 @@ class RulesConfig:
     hang_step_multiple: float = 10.0
     hang_min_seconds: float = 300.0
     hang_memory: str = "2h"
+    hang_step_window: str = "1h"  # the step time a hang is measured against
     hang_for: str = "1m"
     data_wait_window: str = "15m"
     data_wait_share: float = 0.20
@@ -161,11 +175,18 @@ class RulesConfig:
     checkpoint_queue_for: str = "5m"
     checkpoint_save_budget_s: float = 600.0
     checkpoint_restore_budget_s: float = 900.0
+    # seconds per save or restore, and between saves, averaged over this window
+    checkpoint_op_window: str = "1h"
+    # the save time that sets Young/Daly's checkpoint interval
+    checkpoint_daly_window: str = "1d"
 
     # -- reliability ---------------------------------------------------------------------------
     repeat_offender_exclusions: int = 2
     repeat_offender_window: str = "7d"
-    concentration_share: float = 0.5
+    # exclusions per node and reason, MTBF and Young/Daly's interval look back this far
+    reliability_window: str = "30d"
+    concentration_top_nodes: int = 3
+    concentration_share: float = 0.5  # of the window's exclusions on the top nodes
     concentration_min_exclusions: int = 6
     retry_chain_failed_attempts: int = 3
     ledger_down_for: str = "5m"

@@ -3,14 +3,47 @@ otherwise compute over every GPU or every node on each refresh. No alert reads t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from gpufleet.rules.common import NODE_STAGE, Alert, Group, Record, metric, with_node
 from gpufleet.rules.config import RulesConfig
+
+
+@dataclass(frozen=True, slots=True)
+class DashboardSeries:
+    """What dashboards.rules.yaml records, each named once here for the dashboards."""
+
+    gpu_node: str  # which node each GPU is on
+    node_gpus: str  # GPUs reporting per node
+    fleet_util: str
+    fleet_power: str
+    phase_per_step: str  # per node-stage and phase, over rate_window
+    exclusions_reason: str  # per reason, within reliability_window
+    node_seconds_per_op: str  # per node and op, over rate_window
+    node_checkpoint_bytes: str
+    checkpoint_interval: str  # per job, over checkpoint_op_window
+
+    @classmethod
+    def of(cls, config: RulesConfig) -> DashboardSeries:
+        w = config.rate_window
+        return cls(
+            gpu_node="gpu:gpufleet_gpu_node:info",
+            node_gpus="node:gpufleet_gpus_reporting:count",
+            fleet_util="fleet:DCGM_FI_DEV_GPU_UTIL:avg",
+            fleet_power="fleet:DCGM_FI_DEV_POWER_USAGE:sum",
+            phase_per_step=f"node:gpufleet_training_phase_seconds_per_step:rate{w}",
+            exclusions_reason=f"reason:gpufleet_fleet_exclusions:increase{config.reliability_window}",
+            node_seconds_per_op=f"node:gpufleet_checkpoint_seconds_per_op:rate{w}",
+            node_checkpoint_bytes=f"node:gpufleet_checkpoint_bytes:rate{w}",
+            checkpoint_interval=f"job:gpufleet_checkpoint_interval_seconds:rate{config.checkpoint_op_window}",
+        )
 
 
 def dashboard_support_group(config: RulesConfig) -> Group:
     gpus, agent, fleet = config.gpu_selector, config.agent_selector, config.fleet_selector
     w = config.rate_window
-    month = "30d"
+    month = config.reliability_window
+    series = DashboardSeries.of(config)
     ckpt_by = "training_job, node, op"
     exclusions = metric("gpufleet_fleet_node_exclusions_total", fleet)
     saves = metric("gpufleet_checkpoint_operations_total", agent, 'op="save"')
@@ -28,44 +61,42 @@ def dashboard_support_group(config: RulesConfig) -> Group:
         # dashboard selects a node's GPUs by UUID through it. gpufleet_gpu_up keeps a
         # lost GPU (no more readings) on its node.
         Record(
-            "gpu:gpufleet_gpu_node:info",
+            series.gpu_node,
             f"group by (node, gpu, UUID) (\n  {with_node(metric('gpufleet_gpu_up', gpus) + ' or ' + metric('DCGM_FI_DEV_GPU_TEMP', gpus), config.node_labels)}\n)",
         ),
         Record(
-            "node:gpufleet_gpus_reporting:count",
+            series.node_gpus,
             f"count by (node) (\n  {with_node(metric('DCGM_FI_DEV_GPU_TEMP', gpus), config.node_labels)}\n)",
         ),
-        Record("fleet:DCGM_FI_DEV_GPU_UTIL:avg", f"avg({metric('DCGM_FI_DEV_GPU_UTIL', gpus)})"),
+        Record(series.fleet_util, f"avg({metric('DCGM_FI_DEV_GPU_UTIL', gpus)})"),
+        Record(series.fleet_power, f"sum({metric('DCGM_FI_DEV_POWER_USAGE', gpus)})"),
         Record(
-            "fleet:DCGM_FI_DEV_POWER_USAGE:sum", f"sum({metric('DCGM_FI_DEV_POWER_USAGE', gpus)})"
-        ),
-        Record(
-            f"node:gpufleet_training_phase_seconds_per_step:rate{w}",
+            series.phase_per_step,
             f"sum by ({NODE_STAGE}, phase) (\n  {phases}\n)\n"
             f"/ on ({NODE_STAGE}) group_left ()\n"
             f"sum by ({NODE_STAGE}) (rate({metric('gpufleet_training_steps_total', agent)}[{w}]))",
         ),
         Record(
-            f"reason:gpufleet_fleet_exclusions:increase{month}",
+            series.exclusions_reason,
             f"sum by (reason) ({exclusions} - ({exclusions} offset {month} or {exclusions} * 0))",
         ),
         # Per node: seconds per checkpoint operation (queued + served) and bytes/s; what
         # the checkpoint dashboard draws for every node of a job.
         Record(
-            f"node:gpufleet_checkpoint_seconds_per_op:rate{w}",
+            series.node_seconds_per_op,
             f"(\n  sum by ({ckpt_by}) (rate({metric('gpufleet_checkpoint_queue_wait_seconds_total', agent)}[{w}]))\n"
             f"  + sum by ({ckpt_by}) (rate({metric('gpufleet_checkpoint_service_seconds_total', agent)}[{w}]))\n)\n"
             f"/ sum by ({ckpt_by}) (rate({metric('gpufleet_checkpoint_operations_total', agent)}[{w}]))",
         ),
         Record(
-            f"node:gpufleet_checkpoint_bytes:rate{w}",
+            series.node_checkpoint_bytes,
             f"sum by ({ckpt_by}) (rate({metric('gpufleet_checkpoint_bytes_total', agent)}[{w}]))",
         ),
         # Seconds between a node's saves, averaged over the job's saving nodes. Each rank
         # that writes its shard counts one operation, so saves are per rank of the node.
         Record(
-            "job:gpufleet_checkpoint_interval_seconds:rate1h",
-            f"1 / avg by (training_job) (\n  sum by (training_job, node) (rate({saves}[1h]))\n"
+            series.checkpoint_interval,
+            f"1 / avg by (training_job) (\n  sum by (training_job, node) (rate({saves}[{config.checkpoint_op_window}]))\n"
             f"  / max by (training_job, node) ({metric('gpufleet_training_ranks', agent)}) > 0\n)",
         ),
     ]

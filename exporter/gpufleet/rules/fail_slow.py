@@ -3,17 +3,78 @@ their own baseline, job-wide slowdowns, stage imbalance, hangs and data-loader s
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from gpufleet.rules.common import JOB_NODE, NODE_STAGE, STAGE, Alert, Group, Record, metric
 from gpufleet.rules.config import RulesConfig
+from gpufleet.rules.gpu import XID_INFO, GpuSeries
 
 
-def job_steady_step(config: RulesConfig) -> tuple[str, str]:
-    """Names of the job's steady step time now and over its baseline."""
-    percent = round(config.job_slowdown_quantile * 100)
-    return (
-        f"job:gpufleet_training_step_seconds:p{percent}_{config.job_slowdown_window}",
-        f"job:gpufleet_training_step_seconds:p{percent}_baseline{config.baseline_window}",
-    )
+@dataclass(frozen=True, slots=True)
+class TrainingSeries:
+    """What training.rules.yaml records, each named once here: the training alerts, the
+    node health signals and the dashboards refer to these."""
+
+    slowest: str  # per node-stage: compute seconds per step of its slowest rank
+    stage_median: str
+    stage_mad: str
+    stage_nodes: str
+    compute_ratio: str  # a node's compute against its stage median
+    compute_zscore: str
+    rank: str  # per rank: compute seconds per step
+    rank_median: str
+    rank_mad: str
+    stage_ranks: str
+    rank_ratio: str
+    rank_zscore: str
+    stepping: str  # node-stages whose slowest rank stepped within step_window
+    node_step: str  # node-stages' step seconds within step_window, where they stepped
+    node_baseline: str
+    own_trend: str
+    baseline_ratio: str
+    job_step: str  # the job's seconds per step over step_window
+    job_steady: str  # the job's steady step time now and over its baseline
+    job_steady_baseline: str
+    job_step_avg: str  # over hang_step_window
+    data_wait_share: str
+    data_wait_median: str
+    last_step: str
+    finished: str
+    unfinished: str
+
+    @classmethod
+    def of(cls, config: RulesConfig) -> TrainingSeries:
+        w, step_w, memory = config.rate_window, config.step_window, config.hang_memory
+        percent = round(config.job_slowdown_quantile * 100)
+        data_w = config.data_wait_window
+        return cls(
+            slowest=f"node:gpufleet_training_slowest_compute_per_step:rate{w}",
+            stage_median=f"stage:gpufleet_training_slowest_compute_per_step:median{w}",
+            stage_mad=f"stage:gpufleet_training_slowest_compute_per_step:mad{w}",
+            stage_nodes=f"stage:gpufleet_training_nodes:count{w}",
+            compute_ratio=f"node:gpufleet_training_compute_ratio:rate{w}",
+            compute_zscore=f"node:gpufleet_training_compute_zscore:rate{w}",
+            rank=f"rank:gpufleet_training_compute_per_step:rate{w}",
+            rank_median=f"stage:gpufleet_training_rank_compute_per_step:median{w}",
+            rank_mad=f"stage:gpufleet_training_rank_compute_per_step:mad{w}",
+            stage_ranks=f"stage:gpufleet_training_ranks:count{w}",
+            rank_ratio=f"node:gpufleet_training_rank_compute_ratio:max{w}",
+            rank_zscore=f"node:gpufleet_training_rank_compute_zscore:max{w}",
+            stepping=f"node:gpufleet_training_slowest_rank_steps:rate{step_w}",
+            node_step=f"node:gpufleet_training_step_seconds:rate{step_w}",
+            node_baseline=f"node:gpufleet_training_slowest_compute_per_step:baseline{config.baseline_window}",
+            own_trend=f"node:gpufleet_training_own_trend:rate{w}",
+            baseline_ratio=f"node:gpufleet_training_baseline_ratio:rate{w}",
+            job_step=f"job:gpufleet_training_step_seconds:rate{step_w}",
+            job_steady=f"job:gpufleet_training_step_seconds:p{percent}_{config.job_slowdown_window}",
+            job_steady_baseline=f"job:gpufleet_training_step_seconds:p{percent}_baseline{config.baseline_window}",
+            job_step_avg=f"job:gpufleet_training_step_seconds:avg{config.hang_step_window}",
+            data_wait_share=f"node:gpufleet_training_data_wait_share:rate{data_w}",
+            data_wait_median=f"stage:gpufleet_training_data_wait_share:median{data_w}",
+            last_step=f"node:gpufleet_training_last_step_timestamp:max{memory}",
+            finished=f"node:gpufleet_training_finished_timestamp:last{memory}",
+            unfinished=f"node:gpufleet_training_unfinished_last_step_timestamp:max{memory}",
+        )
 
 
 def training_recording(config: RulesConfig) -> list[Group]:
@@ -25,14 +86,16 @@ def training_recording(config: RulesConfig) -> list[Group]:
         function = "increase" if offset else "rate"
         return f"sum by ({by}) ({function}({metric(name, sel)}[{window}]{suffix}))"
 
-    slow = f"node:gpufleet_training_slowest_compute_per_step:rate{w}"
-    median = f"stage:gpufleet_training_slowest_compute_per_step:median{w}"
-    mad = f"stage:gpufleet_training_slowest_compute_per_step:mad{w}"
-    steady, steady_baseline = job_steady_step(config)
+    series = TrainingSeries.of(config)
+    step_w = config.step_window
+    slow = series.slowest
+    median = series.stage_median
+    mad = series.stage_mad
+    steady, steady_baseline = series.job_steady, series.job_steady_baseline
     q, steady_w = config.job_slowdown_quantile, config.job_slowdown_window
-    rank = f"rank:gpufleet_training_compute_per_step:rate{w}"
-    rank_median = f"stage:gpufleet_training_rank_compute_per_step:median{w}"
-    rank_mad = f"stage:gpufleet_training_rank_compute_per_step:mad{w}"
+    rank = series.rank
+    rank_median = series.rank_median
+    rank_mad = series.rank_mad
     floor = config.mad_floor
     base_w, base_o = config.baseline_window, config.baseline_offset
 
@@ -47,13 +110,13 @@ def training_recording(config: RulesConfig) -> list[Group]:
         ),
         Record(median, f"quantile by ({STAGE}) (0.5, {slow})"),
         Record(mad, f"quantile by ({STAGE}) (0.5, abs({slow} - on ({STAGE}) group_left {median}))"),
-        Record(f"stage:gpufleet_training_nodes:count{w}", f"count by ({STAGE}) ({slow})"),
+        Record(series.stage_nodes, f"count by ({STAGE}) ({slow})"),
         Record(
-            f"node:gpufleet_training_compute_ratio:rate{w}",
+            series.compute_ratio,
             f"{slow} / on ({STAGE}) group_left {median}",
         ),
         Record(
-            f"node:gpufleet_training_compute_zscore:rate{w}",
+            series.compute_zscore,
             f"({slow} - on ({STAGE}) group_left {median})\n/ on ({STAGE}) group_left () {scale(mad, median)}",
         ),
         Record(
@@ -66,41 +129,41 @@ def training_recording(config: RulesConfig) -> list[Group]:
             rank_mad,
             f"quantile by ({STAGE}) (0.5, abs({rank} - on ({STAGE}) group_left {rank_median}))",
         ),
-        Record(f"stage:gpufleet_training_ranks:count{w}", f"count by ({STAGE}) ({rank})"),
+        Record(series.stage_ranks, f"count by ({STAGE}) ({rank})"),
         Record(
-            f"node:gpufleet_training_rank_compute_ratio:max{w}",
+            series.rank_ratio,
             f"max by ({NODE_STAGE}) ({rank} / on ({STAGE}) group_left {rank_median})",
         ),
         Record(
-            f"node:gpufleet_training_rank_compute_zscore:max{w}",
+            series.rank_zscore,
             f"max by ({NODE_STAGE}) (\n  ({rank} - on ({STAGE}) group_left {rank_median})\n"
             f"  / on ({STAGE}) group_left () {scale(rank_mad, rank_median)}\n)",
         ),
     ]
-    node_baseline = f"node:gpufleet_training_slowest_compute_per_step:baseline{base_w}"
+    node_baseline = series.node_baseline
     trends = [
         # Rates over windows keep a stopped job's last minutes "frozen": the alerts below
         # only judge a node that is still stepping.
         Record(
-            "node:gpufleet_training_slowest_rank_steps:rate2m",
-            rate_sum("gpufleet_training_slowest_rank_steps_total", NODE_STAGE, "2m") + " > 0",
+            series.stepping,
+            rate_sum("gpufleet_training_slowest_rank_steps_total", NODE_STAGE, step_w) + " > 0",
         ),
         Record(
-            "node:gpufleet_training_step_seconds:rate2m",
-            rate_sum("gpufleet_training_step_seconds_total", NODE_STAGE, "2m") + " > 0",
+            series.node_step,
+            rate_sum("gpufleet_training_step_seconds_total", NODE_STAGE, step_w) + " > 0",
         ),
         Record(
             node_baseline,
             f"{rate_sum('gpufleet_training_slowest_rank_compute_seconds_total', NODE_STAGE, base_w, base_o)}\n"
             f"/ {rate_sum('gpufleet_training_slowest_rank_steps_total', NODE_STAGE, base_w, base_o)}",
         ),
-        Record(f"node:gpufleet_training_own_trend:rate{w}", f"{slow} / {node_baseline}"),
+        Record(series.own_trend, f"{slow} / {node_baseline}"),
         # Relative to the whole job's median trend (all stages): a cluster-wide slowdown
         # cancels out, and a node alone in its stage still has a reference.
         Record(
-            f"node:gpufleet_training_baseline_ratio:rate{w}",
-            f"node:gpufleet_training_own_trend:rate{w}\n/ on (training_job) group_left ()\n"
-            f"quantile by (training_job) (0.5, node:gpufleet_training_own_trend:rate{w})",
+            series.baseline_ratio,
+            f"{series.own_trend}\n/ on (training_job) group_left ()\n"
+            f"quantile by (training_job) (0.5, {series.own_trend})",
         ),
         # The job's steady step time, a low quantile of its 2-minute step times: in a
         # lock-step job every data-loader stall on any node stops all ranks for a minute
@@ -108,36 +171,36 @@ def training_recording(config: RulesConfig) -> list[Group]:
         # or three stalls fall in one window, reads that as a slowdown; the fastest
         # quarter of the window's 2-minute stretches only rises when all of them do.
         Record(
-            "job:gpufleet_training_step_seconds:rate2m",
-            f"{rate_sum('gpufleet_training_step_seconds_total', 'training_job', '2m')}\n"
-            f"/ {rate_sum('gpufleet_training_steps_total', 'training_job', '2m')}",
+            series.job_step,
+            f"{rate_sum('gpufleet_training_step_seconds_total', 'training_job', step_w)}\n"
+            f"/ {rate_sum('gpufleet_training_steps_total', 'training_job', step_w)}",
         ),
         Record(
             steady,
-            f"quantile_over_time({q}, job:gpufleet_training_step_seconds:rate2m[{steady_w}:1m])",
+            f"quantile_over_time({q}, {series.job_step}[{steady_w}:1m])",
         ),
         Record(
             steady_baseline,
-            f"quantile_over_time({q}, job:gpufleet_training_step_seconds:rate2m[{base_w}:1m] offset {base_o})",
+            f"quantile_over_time({q}, {series.job_step}[{base_w}:1m] offset {base_o})",
         ),
         Record(
-            "job:gpufleet_training_step_seconds:avg1h",
-            f"{rate_sum('gpufleet_training_step_seconds_total', 'training_job', '1h')}\n"
-            f"/ {rate_sum('gpufleet_training_steps_total', 'training_job', '1h')}",
+            series.job_step_avg,
+            f"{rate_sum('gpufleet_training_step_seconds_total', 'training_job', config.hang_step_window)}\n"
+            f"/ {rate_sum('gpufleet_training_steps_total', 'training_job', config.hang_step_window)}",
         ),
         Record(
-            f"node:gpufleet_training_data_wait_share:rate{config.data_wait_window}",
+            series.data_wait_share,
             f"{rate_sum('gpufleet_training_data_wait_seconds_total', NODE_STAGE, config.data_wait_window)}\n"
             f"/ {rate_sum('gpufleet_training_step_seconds_total', NODE_STAGE, config.data_wait_window)}",
         ),
         Record(
-            f"stage:gpufleet_training_data_wait_share:median{config.data_wait_window}",
-            f"quantile by ({STAGE}) (0.5, node:gpufleet_training_data_wait_share:rate{config.data_wait_window})",
+            series.data_wait_median,
+            f"quantile by ({STAGE}) (0.5, {series.data_wait_share})",
         ),
     ]
     memory = config.hang_memory
-    last_step = f"node:gpufleet_training_last_step_timestamp:max{memory}"
-    finished = f"node:gpufleet_training_finished_timestamp:last{memory}"
+    last_step = series.last_step
+    finished = series.finished
     ends = [
         # For hang detection, remembered past the agent's job TTL (series vanish then).
         Record(
@@ -154,7 +217,7 @@ def training_recording(config: RulesConfig) -> list[Group]:
         # a job with none left ended; one with some left may have hung. Node-stages that
         # stopped long before the rest (a node excluded an attempt ago) do not count.
         Record(
-            f"node:gpufleet_training_unfinished_last_step_timestamp:max{memory}",
+            series.unfinished,
             f"{last_step}\n  >= on (training_job) group_left ()\n"
             f"  (max by (training_job) ({last_step}) - {config.hang_min_seconds})\n"
             f"unless on ({NODE_STAGE}) ({finished} >= {last_step})",
@@ -167,20 +230,20 @@ def training_recording(config: RulesConfig) -> list[Group]:
 
 
 def training_alerts(config: RulesConfig) -> Group:
-    w = config.rate_window
-    steady, steady_baseline = job_steady_step(config)
-    ratio = f"node:gpufleet_training_compute_ratio:rate{w}"
-    zscore = f"node:gpufleet_training_compute_zscore:rate{w}"
-    nodes = f"stage:gpufleet_training_nodes:count{w}"
-    rank_ratio = f"node:gpufleet_training_rank_compute_ratio:max{w}"
-    rank_z = f"node:gpufleet_training_rank_compute_zscore:max{w}"
-    ranks = f"stage:gpufleet_training_ranks:count{w}"
-    median = f"stage:gpufleet_training_slowest_compute_per_step:median{w}"
-    last_step_memory = f"node:gpufleet_training_last_step_timestamp:max{config.hang_memory}"
-    unfinished = f"node:gpufleet_training_unfinished_last_step_timestamp:max{config.hang_memory}"
+    series = TrainingSeries.of(config)
+    steady, steady_baseline = series.job_steady, series.job_steady_baseline
+    ratio = series.compute_ratio
+    zscore = series.compute_zscore
+    nodes = series.stage_nodes
+    rank_ratio = series.rank_ratio
+    rank_z = series.rank_zscore
+    ranks = series.stage_ranks
+    median = series.stage_median
+    last_step_memory = series.last_step
+    unfinished = series.unfinished
     in_flight = metric("gpufleet_checkpoint_in_flight", config.agent_selector)
-    share = f"node:gpufleet_training_data_wait_share:rate{config.data_wait_window}"
-    share_median = f"stage:gpufleet_training_data_wait_share:median{config.data_wait_window}"
+    share = series.data_wait_share
+    share_median = series.data_wait_median
     rules: list[Record | Alert] = [
         Alert(
             "GpuFleetStragglerNode",
@@ -189,7 +252,7 @@ def training_alerts(config: RulesConfig) -> Group:
             f"  {rank_ratio} > {config.straggler_ratio}\n  and {rank_z} > {config.straggler_zscore}\n"
             f"  and on ({STAGE}) ({nodes} < {config.straggler_min_peers})\n"
             f"  and on ({STAGE}) ({ranks} >= {config.straggler_min_rank_peers})\n  )\n)\n"
-            f"and on ({NODE_STAGE}) node:gpufleet_training_slowest_rank_steps:rate2m",
+            f"and on ({NODE_STAGE}) {series.stepping}",
             "warning",
             "A node computes persistently slower than its peers in the same pipeline stage.",
             f'{JOB_NODE} computes {{{{ $value | printf "%.2f" }}}}x the median of its stage '
@@ -199,8 +262,8 @@ def training_alerts(config: RulesConfig) -> Group:
         ),
         Alert(
             "GpuFleetNodeSlowerThanBaseline",
-            f"node:gpufleet_training_baseline_ratio:rate{w} > {config.baseline_ratio}\n"
-            f"and on ({NODE_STAGE}) node:gpufleet_training_slowest_rank_steps:rate2m\n"
+            f"{series.baseline_ratio} > {config.baseline_ratio}\n"
+            f"and on ({NODE_STAGE}) {series.stepping}\n"
             f"unless on ({NODE_STAGE}) {ratio} > {config.straggler_ratio}",
             "warning",
             "A node computes slower than it did itself, relative to the rest of the job.",
@@ -212,7 +275,7 @@ def training_alerts(config: RulesConfig) -> Group:
         Alert(
             "GpuFleetJobSlowdown",
             f"{steady}\n/ {steady_baseline} > {config.job_slowdown_ratio}\n"
-            f"and on (training_job) count by (training_job) (node:gpufleet_training_step_seconds:rate2m)\n"
+            f"and on (training_job) count by (training_job) ({series.node_step})\n"
             # A straggler slows a lock-step job too; it has its own page, naming the node.
             f"unless on (training_job) max by (training_job) ({ratio}) > {config.straggler_ratio}",
             "warning",
@@ -234,7 +297,7 @@ def training_alerts(config: RulesConfig) -> Group:
         Alert(
             "GpuFleetJobHung",
             f"(time() - max by (training_job) ({last_step_memory}))\n"
-            f"> on (training_job) clamp_min({config.hang_step_multiple} * job:gpufleet_training_step_seconds:avg1h, "
+            f"> on (training_job) clamp_min({config.hang_step_multiple} * {series.job_step_avg}, "
             f"{config.hang_min_seconds})\n"
             f"unless on (training_job) (sum by (training_job) ({in_flight}) > 0)\n"
             # A job whose last ranks all said they finished ended; it did not hang.
@@ -249,7 +312,7 @@ def training_alerts(config: RulesConfig) -> Group:
             "GpuFleetDataLoaderStall",
             f"{share} > {config.data_wait_share}\n"
             f"and {share} > on ({STAGE}) group_left {config.data_wait_peer_multiple} * {share_median}\n"
-            f"and on ({NODE_STAGE}) node:gpufleet_training_step_seconds:rate2m",
+            f"and on ({NODE_STAGE}) {series.node_step}",
             "warning",
             "One node's ranks keep waiting on the data loader.",
             f"{JOB_NODE} spends {{{{ $value | humanizePercentage }}}} of its steps waiting for data, "
@@ -261,7 +324,7 @@ def training_alerts(config: RulesConfig) -> Group:
         Alert(
             "GpuFleetApplicationXid",
             f"count by (training_job, xid) (\n"
-            f'  max by (node, xid) (gpu:gpufleet_gpu_xid_errors:new{config.xid_window} * on (xid) group_left gpufleet:xid_catalogue:info{{class="application"}})\n'
+            f'  max by (node, xid) ({GpuSeries.of(config).xid_new} * on (xid) group_left {XID_INFO}{{class="application"}})\n'
             f"  * on (node) group_left (training_job) max by (node, training_job) (gpufleet_training_ranks)\n)",
             "info",
             "GPUs of a training job reported XIDs that usually come from the application.",

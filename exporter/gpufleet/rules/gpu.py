@@ -3,6 +3,8 @@ ECC, row remaps, NVLink, PCIe, hardware slowdowns, lost and missing GPUs."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from gpufleet.rules.common import (
     GPU,
     GPU_WHO,
@@ -18,11 +20,14 @@ from gpufleet.rules.common import (
 )
 from gpufleet.rules.config import XID_CATALOGUE, RulesConfig
 
+# One series per XID code, labelled with its class, meaning and action.
+XID_INFO = "gpufleet:xid_catalogue:info"
+
 
 def xid_catalogue_group() -> Group:
     rules: list[Record | Alert] = [
         Record(
-            "gpufleet:xid_catalogue:info",
+            XID_INFO,
             "vector(1)",
             {
                 "xid": str(code.code),
@@ -42,11 +47,11 @@ def xid_catalogue_group() -> Group:
 RISEN: tuple[tuple[str, str], ...] = (
     ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "remaps_climbing_window"),
     ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "pcie_window"),
-    ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "1h"),
+    ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "health_sbe_window"),
     ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "ecc_window"),
     # In dcgm-exporter's stock counters (DBE ECC is not): rises with every uncorrectable error
     ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "ecc_window"),
-    ("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "30m"),
+    ("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "health_nvlink_window"),
     ("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "nvlink_window"),
     ("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "nvlink_window"),
     ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "nvlink_window"),
@@ -59,21 +64,38 @@ THROTTLE_BITS = (
 )
 
 
-def window_of(config: RulesConfig, knob: str) -> str:
-    return str(getattr(config, knob)) if hasattr(config, knob) else knob
+def risen_series(config: RulesConfig, counter: str, knob: str) -> str:
+    """The recorded rise of ``counter`` over the window that ``knob`` holds; only a pair
+    that RISEN records can be named, so a rule cannot read a series nothing records."""
+    if (counter, knob) not in RISEN:
+        raise ValueError(f"{counter} over {knob} is not recorded: add it to RISEN")
+    return f"gpu:{counter}:risen{getattr(config, knob)}"
 
 
-def risen_record(name: str, window: str) -> str:
-    return f"gpu:{name}:risen{window}"
+@dataclass(frozen=True, slots=True)
+class GpuSeries:
+    """What gpu.rules.yaml records, each named once here: the GPU alerts, the node and
+    health rules, the training rules and the dashboards refer to these."""
 
+    xid_changed: str  # dcgm-exporter's last XID changed within xid_window
+    xid_new: str  # new XIDs per GPU and code within xid_window
+    hw_slowdown: str  # per GPU and reason, 1 while in a hardware slowdown
+    dcgm_reasons: str  # dcgm-exporter's clock-event bitmask, where it is the only source
+    # GPUs answering now on nodes without gpufleet's agent, and the most seen there
+    # within ``gpus_expected_memory`` (what the node should have: 4 on a 4-GPU node)
+    dcgm_gpus: str
+    dcgm_gpus_max: str
 
-def dcgm_gpus_records(config: RulesConfig) -> tuple[str, str]:
-    """GPUs answering now on nodes without gpufleet's agent, and the most seen there
-    within ``gpus_expected_memory`` (what the node should have: 4 on a 4-GPU node)."""
-    return (
-        "node:gpufleet_dcgm_gpus:count",
-        f"node:gpufleet_dcgm_gpus:max{config.gpus_expected_memory}",
-    )
+    @classmethod
+    def of(cls, config: RulesConfig) -> GpuSeries:
+        return cls(
+            xid_changed=f"gpu:DCGM_FI_DEV_XID_ERRORS:changed{config.xid_window}",
+            xid_new=f"gpu:gpufleet_gpu_xid_errors:new{config.xid_window}",
+            hw_slowdown="gpu:gpufleet_gpu_hw_slowdown:active",
+            dcgm_reasons="gpu:DCGM_FI_DEV_CLOCK_THROTTLE_REASONS:dcgm_only",
+            dcgm_gpus="node:gpufleet_dcgm_gpus:count",
+            dcgm_gpus_max=f"node:gpufleet_dcgm_gpus:max{config.gpus_expected_memory}",
+        )
 
 
 # dcgm-exporter 4.x names the clock-event bitmask ..._CLOCKS_EVENT_REASONS; older ones,
@@ -88,7 +110,8 @@ def gpu_recording(config: RulesConfig) -> Group:
     counter = metric("gpufleet_gpu_xid_errors_total", sel)
     last = metric("DCGM_FI_DEV_XID_ERRORS", sel)
     agent_gpus = metric("gpufleet_gpu_up", sel)
-    changed = f"gpu:DCGM_FI_DEV_XID_ERRORS:changed{window}"
+    series = GpuSeries.of(config)
+    changed = series.xid_changed
     # dcgm-exporter keeps only the last XID: a value that changed within the window is
     # a new XID. Point lookups, not a range scan; GPUs with gpufleet's agent skip this.
     dcgm_paths = "\n  or ".join(
@@ -100,7 +123,7 @@ def gpu_recording(config: RulesConfig) -> Group:
     xid_counts = metric("DCGM_EXP_XID_ERRORS_COUNT", sel, 'xid!=""')
     throttle = metric("gpufleet_gpu_clock_throttle_active", sel)
     # dcgm-exporter has only the bitmask; GPUs with gpufleet's agent have a flag per reason
-    dcgm_reasons = "gpu:DCGM_FI_DEV_CLOCK_THROTTLE_REASONS:dcgm_only"
+    dcgm_reasons = series.dcgm_reasons
     bitmasks = " or ".join(metric(name, sel) for name in THROTTLE_BITMASKS)
     bits = "\n  or ".join(
         f'label_replace(\n    ({throttle.rstrip("}")}, reason="{reason}"}} == 1)\n'
@@ -109,7 +132,7 @@ def gpu_recording(config: RulesConfig) -> Group:
         for reason, value in THROTTLE_BITS
     )
     presence = metric(config.gpu_presence_metric, sel)
-    dcgm_count, dcgm_max = dcgm_gpus_records(config)
+    dcgm_count, dcgm_max = series.dcgm_gpus, series.dcgm_gpus_max
     rules: list[Record | Alert] = [
         Record(dcgm_reasons, f"({bitmasks}) > 0 unless on (UUID) {agent_gpus}"),
         # A new XID is a last value that changed within the window, per GPU (UUID), never
@@ -123,13 +146,13 @@ def gpu_recording(config: RulesConfig) -> Group:
             f"    != on (UUID) min by (UUID) (min_over_time({last}[{window}]))\n  )",
         ),
         Record(
-            f"gpu:gpufleet_gpu_xid_errors:new{window}",
+            series.xid_new,
             f"max by ({GPU}, xid) (\n  {with_node(new_in(counter, window), node_labels)}\n)\nor\n"
             f"max by ({GPU}, xid) (\n  {dcgm_paths}\n)\nor\n"
             f"max by ({GPU}, xid) (\n  {with_node(f'({xid_counts} > 0 unless on (UUID) {agent_gpus})', node_labels)}\n)",
         ),
         Record(
-            "gpu:gpufleet_gpu_hw_slowdown:active",
+            series.hw_slowdown,
             f"max by ({GPU}, reason) (\n  {with_node(f'({bits})', node_labels)}\n)",
         ),
         Record(
@@ -139,10 +162,10 @@ def gpu_recording(config: RulesConfig) -> Group:
         Record(dcgm_max, f"max_over_time({dcgm_count}[{config.gpus_expected_memory}])"),
     ]
     for name, knob in RISEN:
-        span = window_of(config, knob)
+        span = getattr(config, knob)
         rules.append(
             Record(
-                risen_record(name, span),
+                risen_series(config, name, knob),
                 per_gpu(f"{risen(metric(name, sel), span)} > 0", node_labels),
             )
         )
@@ -151,14 +174,15 @@ def gpu_recording(config: RulesConfig) -> Group:
 
 def gpu_alerts(config: RulesConfig) -> Group:
     sel = config.gpu_selector
-    xid = f"gpu:gpufleet_gpu_xid_errors:new{config.xid_window}"
-    slowdown = "gpu:gpufleet_gpu_hw_slowdown:active"
+    series = GpuSeries.of(config)
+    xid = series.xid_new
+    slowdown = series.hw_slowdown
     brake = f'{slowdown}{{reason="hw_power_brake_slowdown"}}'
     thermal = f'{slowdown}{{reason="hw_thermal_slowdown"}}'
     generic = f'{slowdown}{{reason="hw_slowdown"}}'
     w = config.nvlink_window
     nvlink = {
-        name: risen_record(f"DCGM_FI_DEV_NVLINK_{name}_ERROR_COUNT_TOTAL", w)
+        name: risen_series(config, f"DCGM_FI_DEV_NVLINK_{name}_ERROR_COUNT_TOTAL", "nvlink_window")
         for name in ("RECOVERY", "REPLAY", "CRC_FLIT", "CRC_DATA")
     }
     node_labels = config.node_labels
@@ -168,23 +192,23 @@ def gpu_alerts(config: RulesConfig) -> Group:
         metric("gpufleet_collector_up", config.agent_selector, 'collector="gpu"') + " == 0",
     )
     seen, expected = metric("gpufleet_gpus_seen", sel), metric("gpufleet_gpus_expected", sel)
-    dcgm_count, dcgm_max = dcgm_gpus_records(config)
+    dcgm_count, dcgm_max = series.dcgm_gpus, series.dcgm_gpus_max
     missing = (
         f"max by (node) (\n  {with_node(f'{seen} < {expected}', node_labels)}\n)\n"
         # Nodes without gpufleet's agent expect what they showed within the memory: per
         # node, so a healthy 4-GPU node expects 4 (a GB200 tray, a PCIe server).
         f"or ({dcgm_count} < {dcgm_max})"
     )
-    dbe = risen_record("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", config.ecc_window)
-    uncorrectable_remaps = risen_record(
-        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", config.ecc_window
+    dbe = risen_series(config, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "ecc_window")
+    uncorrectable_remaps = risen_series(
+        config, "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "ecc_window"
     )
-    remaps = risen_record("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", config.remaps_climbing_window)
-    pcie = risen_record("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", config.pcie_window)
+    remaps = risen_series(config, "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "remaps_climbing_window")
+    pcie = risen_series(config, "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "pcie_window")
     rules: list[Record | Alert] = [
         Alert(
             "GpuFleetCriticalXid",
-            f'{xid}\n  * on (xid) group_left (meaning, action)\n  gpufleet:xid_catalogue:info{{class="act_now"}}',
+            f'{xid}\n  * on (xid) group_left (meaning, action)\n  {XID_INFO}{{class="act_now"}}',
             "critical",
             "A GPU reported an XID that needs action now.",
             f"{GPU_WHO} reported XID {{{{ $labels.xid }}}} ({{{{ $labels.meaning }}}}) "
@@ -192,7 +216,7 @@ def gpu_alerts(config: RulesConfig) -> Group:
         ),
         Alert(
             "GpuFleetMaintenanceXid",
-            f'{xid}\n  * on (xid) group_left (meaning, action)\n  gpufleet:xid_catalogue:info{{class="maintenance"}}',
+            f'{xid}\n  * on (xid) group_left (meaning, action)\n  {XID_INFO}{{class="maintenance"}}',
             "warning",
             "A GPU reported an XID that needs maintenance at the next drain.",
             f"{GPU_WHO} reported XID {{{{ $labels.xid }}}} ({{{{ $labels.meaning }}}}). "

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 from gpufleet.rules.common import Alert, Group, Record, metric, with_node
 from gpufleet.rules.config import RulesConfig
-from gpufleet.rules.gpu import risen_record
-from gpufleet.rules.node import presence_records
+from gpufleet.rules.fail_slow import TrainingSeries
+from gpufleet.rules.gpu import XID_INFO, GpuSeries, risen_series
+from gpufleet.rules.presence import presence_records
+
+# The weak signals summed per node; the node alert and the Node dashboard read it.
+HEALTH_SCORE = "node:gpufleet_health:score"
+# Each signal is recorded as this prefix and its name (remaps, pcie, ..., xid).
+HEALTH_SIGNAL = "node:gpufleet_health_signal:"
 
 
 def health_recording(config: RulesConfig) -> Group:
@@ -15,32 +21,32 @@ def health_recording(config: RulesConfig) -> Group:
         "gpufleet_gpu_clock_throttle_active", sel, 'reason=~"sw_thermal_slowdown|sw_power_cap"'
     )
     signals = {
-        "remaps": f"{risen_record('DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS', config.remaps_climbing_window)} >= 1",
-        "pcie": f"{risen_record('DCGM_FI_DEV_PCIE_REPLAY_COUNTER', config.pcie_window)} >= 2",
-        "nvlink": f"{risen_record('DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL', '30m')} >= 1",
-        "sbe": f"{risen_record('DCGM_FI_DEV_ECC_SBE_VOL_TOTAL', '1h')} >= 100",
+        "remaps": f"{risen_series(config, 'DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS', 'remaps_climbing_window')} >= {config.health_remaps_min}",
+        "pcie": f"{risen_series(config, 'DCGM_FI_DEV_PCIE_REPLAY_COUNTER', 'pcie_window')} >= {config.health_pcie_replays_min}",
+        "nvlink": f"{risen_series(config, 'DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL', 'health_nvlink_window')} >= {config.health_nvlink_replays_min}",
+        "sbe": f"{risen_series(config, 'DCGM_FI_DEV_ECC_SBE_VOL_TOTAL', 'health_sbe_window')} >= {config.health_sbe_min}",
     }
     rules: list[Record | Alert] = [
-        Record(f"node:gpufleet_health_signal:{name}", f"max by (node) ({expr}) * 0 + {weight}")
+        Record(f"{HEALTH_SIGNAL}{name}", f"max by (node) ({expr}) * 0 + {weight}")
         for name, expr in signals.items()
     ]
     rules.append(
         Record(
-            "node:gpufleet_health_signal:sw_throttle",
-            f"max by (node) ({with_node(f'avg_over_time({throttle}[15m]) >= 0.5', config.node_labels)}) * 0 + {weight}",
+            f"{HEALTH_SIGNAL}sw_throttle",
+            f"max by (node) ({with_node(f'avg_over_time({throttle}[{config.health_throttle_window}]) >= {config.health_throttle_share}', config.node_labels)}) * 0 + {weight}",
         )
     )
     rules.append(
         Record(
-            "node:gpufleet_health_signal:slow",
-            f"max by (node) (node:gpufleet_training_compute_ratio:rate{config.rate_window} >= 1.05) * 0 + {weight}",
+            f"{HEALTH_SIGNAL}slow",
+            f"max by (node) ({TrainingSeries.of(config).compute_ratio} >= {config.health_slow_ratio}) * 0 + {weight}",
         )
     )
     rules.append(
         Record(
-            "node:gpufleet_health_signal:xid",
-            f"max by (node) (gpu:gpufleet_gpu_xid_errors:new{config.xid_window} * on (xid) group_left "
-            'gpufleet:xid_catalogue:info{class="maintenance"}) * 0 + ' + str(weight),
+            f"{HEALTH_SIGNAL}xid",
+            f"max by (node) ({GpuSeries.of(config).xid_new} * on (xid) group_left "
+            f'{XID_INFO}{{class="maintenance"}}) * 0 + ' + str(weight),
         )
     )
     # Each signal tagged with its name so that `or` keeps them all, then summed per node.
@@ -49,6 +55,6 @@ def health_recording(config: RulesConfig) -> Group:
         for rule in rules
         if isinstance(rule, Record)
     )
-    rules.append(Record("node:gpufleet_health:score", f"sum by (node) (\n  {tagged}\n)"))
+    rules.append(Record(HEALTH_SCORE, f"sum by (node) (\n  {tagged}\n)"))
     rules.extend(presence_records(config))
     return Group("gpufleet-node-health", rules)

@@ -1,43 +1,13 @@
-"""Node presence rules: agents and GPU exporters that stop answering, scrape targets
-that vanish, telemetry that collapses, and the node health page."""
+"""Node rules: agents and GPU exporters that stop answering, scrape targets that vanish,
+telemetry that collapses, and the node health page."""
 
 from __future__ import annotations
 
 from gpufleet.rules.common import Alert, Group, Record, agent_node, metric
 from gpufleet.rules.config import RulesConfig
-from gpufleet.rules.gpu import dcgm_gpus_records
-
-
-def targets_record(component: str) -> str:
-    return f"fleet:gpufleet_{component}_targets:count"
-
-
-def presence_records(config: RulesConfig) -> list[Record | Alert]:
-    """Targets per component now, what the "seen" presence alerts remember."""
-    selectors = {"gpu": config.gpu_selector, "agent": config.agent_selector}
-    return [
-        Record(targets_record(component), f"count({metric('up', selector)})")
-        for component, selector in selectors.items()
-        if getattr(config, f"{component}_presence") == "seen"
-    ]
-
-
-def targets_missing(config: RulesConfig, component: str, selector: str) -> str | None:
-    """No target left: "required" since ever, "seen" of those scraped within the memory."""
-    mode = getattr(config, f"{component}_presence")
-    if mode == "off":
-        return None
-    if mode == "required":
-        return f"absent({metric('up', selector)})"
-    name = targets_record(component)
-    return f"max_over_time({name}[{config.presence_memory}])\nunless on () {name}"
-
-
-def presence_note(config: RulesConfig, component: str) -> str:
-    mode = getattr(config, f"{component}_presence")
-    if mode == "required":
-        return "The site requires them (presence: required)."
-    return f"Prometheus scraped some within {config.presence_memory} (presence: seen)."
+from gpufleet.rules.gpu import GpuSeries
+from gpufleet.rules.health import HEALTH_SCORE
+from gpufleet.rules.presence import presence_note, targets_missing
 
 
 def node_alerts(config: RulesConfig) -> Group:
@@ -52,7 +22,7 @@ def node_alerts(config: RulesConfig) -> Group:
     collapsed = agent_node(
         config, metric("gpufleet_collector_up", config.agent_selector, 'collector="gpu"') + " == 0"
     )
-    dcgm_count, dcgm_max = dcgm_gpus_records(config)
+    dcgm_count, dcgm_max = GpuSeries.of(config).dcgm_gpus, GpuSeries.of(config).dcgm_gpus_max
     rules: list[Record | Alert] = [
         Alert(
             "GpuFleetAgentDown",
@@ -91,7 +61,7 @@ def node_alerts(config: RulesConfig) -> Group:
         *_targets_missing_alerts(config),
         Alert(
             "GpuFleetNodeHealthDegraded",
-            f"node:gpufleet_health:score >= {config.health_threshold}",
+            f"{HEALTH_SCORE} >= {config.health_threshold}",
             "warning",
             "Several weak warning signs on one node at once.",
             "{{ $labels.node }} shows several weak warning signs together (health score "

@@ -3,9 +3,40 @@ MTBF, failing retry chains, the ledger's own presence."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from gpufleet.rules.checkpoint import CheckpointSeries
 from gpufleet.rules.common import Alert, Group, Record, metric
 from gpufleet.rules.config import RulesConfig
-from gpufleet.rules.node import presence_note, targets_missing, targets_record
+from gpufleet.rules.inline import duration_seconds
+from gpufleet.rules.presence import presence_note, targets_missing, targets_record
+
+
+@dataclass(frozen=True, slots=True)
+class ReliabilitySeries:
+    """What reliability.rules.yaml records, each named once here: the reliability alerts
+    and the dashboards refer to these."""
+
+    node_exclusions_recent: str  # per node within repeat_offender_window
+    node_exclusions: str  # per node within reliability_window
+    fleet_exclusions: str
+    top_share: str  # the top concentration_top_nodes nodes' share of them
+    node_mtbf: str  # hours, over reliability_window
+    job_mtbf: str
+    young_daly: str  # Young/Daly's checkpoint interval per job, in seconds
+
+    @classmethod
+    def of(cls, config: RulesConfig) -> ReliabilitySeries:
+        month, top = config.reliability_window, config.concentration_top_nodes
+        return cls(
+            node_exclusions_recent=f"node:gpufleet_fleet_exclusions:increase{config.repeat_offender_window}",
+            node_exclusions=f"node:gpufleet_fleet_exclusions:increase{month}",
+            fleet_exclusions=f"fleet:gpufleet_fleet_exclusions:increase{month}",
+            top_share=f"fleet:gpufleet_fleet_exclusions:top{top}_share{month}",
+            node_mtbf=f"fleet:gpufleet_node_mtbf_hours:{month}",
+            job_mtbf=f"job:gpufleet_job_mtbf_hours:{month}",
+            young_daly=f"job:gpufleet_checkpoint_interval_young_daly_seconds:{month}",
+        )
 
 
 def reliability_groups(config: RulesConfig) -> list[Group]:
@@ -17,36 +48,39 @@ def reliability_groups(config: RulesConfig) -> list[Group]:
         # Series the ledger creates at the first event count in full.
         return f"({series} - ({series} offset {window} or {series} * 0))"
 
-    week, month = config.repeat_offender_window, "30d"
+    week, month = config.repeat_offender_window, config.reliability_window
+    series = ReliabilitySeries.of(config)
+    hours = f"{duration_seconds(month) / 3600:g}"
+    top = config.concentration_top_nodes
     records: list[Record | Alert] = [
         Record(
-            f"node:gpufleet_fleet_exclusions:increase{week}",
+            series.node_exclusions_recent,
             f"sum by (node) {since(exclusions, week)}",
         ),
         Record(
-            f"node:gpufleet_fleet_exclusions:increase{month}",
+            series.node_exclusions,
             f"sum by (node) {since(exclusions, month)}",
         ),
         Record(
-            f"fleet:gpufleet_fleet_exclusions:increase{month}",
-            f"sum(node:gpufleet_fleet_exclusions:increase{month})",
+            series.fleet_exclusions,
+            f"sum({series.node_exclusions})",
         ),
         Record(
-            f"fleet:gpufleet_fleet_exclusions:top3_share{month}",
-            f"sum(topk(3, node:gpufleet_fleet_exclusions:increase{month}))\n/ fleet:gpufleet_fleet_exclusions:increase{month}",
+            series.top_share,
+            f"sum(topk({top}, {series.node_exclusions}))\n/ {series.fleet_exclusions}",
         ),
         Record(
-            f"fleet:gpufleet_node_mtbf_hours:{month}",
-            f"count(max by (instance) ({metric('up', config.agent_selector)})) * 720\n/ fleet:gpufleet_fleet_exclusions:increase{month}",
+            series.node_mtbf,
+            f"count(max by (instance) ({metric('up', config.agent_selector)})) * {hours}\n/ {series.fleet_exclusions}",
         ),
         Record(
-            f"job:gpufleet_job_mtbf_hours:{month}",
-            f"720 / sum by (training_job) {since(failed, month)}",
+            series.job_mtbf,
+            f"{hours} / sum by (training_job) {since(failed, month)}",
         ),
         Record(
-            f"job:gpufleet_checkpoint_interval_young_daly_seconds:{month}",
-            f'sqrt(2 * job:gpufleet_checkpoint_seconds_per_op:rate1d{{op="save"}}\n'
-            f"  * on (training_job) group_left job:gpufleet_job_mtbf_hours:{month} * 3600)",
+            series.young_daly,
+            f'sqrt(2 * {CheckpointSeries.of(config).seconds_per_op_daly}{{op="save"}}\n'
+            f"  * on (training_job) group_left {series.job_mtbf} * 3600)",
         ),
     ]
     fleet_up = metric("up", sel)
@@ -56,7 +90,7 @@ def reliability_groups(config: RulesConfig) -> list[Group]:
     alerts: list[Record | Alert] = [
         Alert(
             "GpuFleetRepeatOffenderNode",
-            f"node:gpufleet_fleet_exclusions:increase{week} >= {config.repeat_offender_exclusions}",
+            f"{series.node_exclusions_recent} >= {config.repeat_offender_exclusions}",
             "warning",
             "A node was excluded repeatedly within a week.",
             f"{{{{ $labels.node }}}} was excluded {{{{ $value }}}} times in {week}: failures concentrate "
@@ -65,11 +99,11 @@ def reliability_groups(config: RulesConfig) -> list[Group]:
         ),
         Alert(
             "GpuFleetExclusionConcentration",
-            f"fleet:gpufleet_fleet_exclusions:top3_share{month} > {config.concentration_share}\n"
-            f"and on () fleet:gpufleet_fleet_exclusions:increase{month} >= {config.concentration_min_exclusions}",
+            f"{series.top_share} > {config.concentration_share}\n"
+            f"and on () {series.fleet_exclusions} >= {config.concentration_min_exclusions}",
             "info",
             "A few nodes cause most of the fleet's exclusions.",
-            f"The top 3 nodes caused {{{{ $value | humanizePercentage }}}} of all exclusions in {month}: "
+            f"The top {top} nodes caused {{{{ $value | humanizePercentage }}}} of all exclusions in {month}: "
             "fixing or retiring them is the cheapest reliability win. See gpufleet exclusions top.",
         ),
         Alert(
