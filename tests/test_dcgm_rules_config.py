@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
@@ -145,3 +146,148 @@ def test_presence_modes(tmp_path: Path, mode: str) -> None:
     else:
         assert "max_over_time(fleet:gpufleet_ledger_targets:count[1d])" in text
         assert "absent(" not in text
+
+
+# A raw GPU series (not a recorded one, whose names carry a colon) and its matchers.
+GPU_SERIES = re.compile(
+    r"(?<![:\w])(DCGM_FI_\w+|DCGM_EXP_\w+|gpufleet_gpu_\w+|gpufleet_gpus_\w+)\{([^}]*)\}"
+)
+
+
+def gpu_selections(out: Path) -> dict[str, list[str]]:
+    """Per rule file, the matchers of every raw GPU series its expressions select."""
+    found: dict[str, list[str]] = {}
+    for path in sorted(out.glob("*.rules.yaml")):
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            for rule in group["rules"]:
+                for match in GPU_SERIES.finditer(rule["expr"]):
+                    found.setdefault(path.name, []).append(match.group(2))
+    return found
+
+
+def test_a_site_job_name_is_the_selector_of_every_gpu_series_in_every_rule_file(
+    tmp_path: Path,
+) -> None:
+    site = tmp_path / "site.yaml"
+    site.write_text("gpu_selector: 'job=\"gpu-telemetry\"'\n")
+    out = tmp_path / "rules"
+    assert gpufleet_main(["mixin", "--config", str(site), "--out", str(out)]) == 0
+    selections = gpu_selections(out)
+    # GPU series are read by the GPU rules, the node rules (health signals, missing GPUs)
+    # and the dashboards' support rules; each of those selects them in many rules.
+    assert {"gpu.rules.yaml", "node.rules.yaml", "dashboards.rules.yaml"} <= set(selections)
+    for name, matchers in selections.items():
+        for matcher in matchers:
+            assert matcher.startswith('job="gpu-telemetry"'), (name, matcher)
+    # The same check on the defaults finds the default job, so it can tell them apart.
+    defaults = gpu_selections(Path(*write_all(tmp_path / "defaults")[:1]).parent)
+    assert all(m.startswith("job=~") for ms in defaults.values() for m in ms)
+
+
+RECORDED = re.compile(r"(?<![\w:])[a-z]+:[A-Za-z0-9_]+:[A-Za-z0-9_]+(?![\w:])")
+
+
+def test_other_windows_rename_each_recorded_series_where_it_is_recorded_and_read(
+    tmp_path: Path,
+) -> None:
+    """Each recorded series is named once: with every window and naming knob changed, every
+    series an expression reads is still one that a rule records, and promtool accepts it."""
+    config = config_from_mapping(
+        {
+            "rate_window": "3m",
+            "step_window": "90s",
+            "xid_window": "15m",
+            "ecc_window": "20m",
+            "pcie_window": "2h",
+            "nvlink_window": "20m",
+            "remaps_climbing_window": "12h",
+            "health_nvlink_window": "45m",
+            "health_sbe_window": "2h",
+            "hang_memory": "3h",
+            "hang_step_window": "2h",
+            "baseline_window": "3h",
+            "data_wait_window": "20m",
+            "job_slowdown_quantile": 0.3,
+            "job_slowdown_window": "15m",
+            "checkpoint_window": "1h",
+            "checkpoint_op_window": "2h",
+            "checkpoint_daly_window": "2d",
+            "reliability_window": "28d",
+            "repeat_offender_window": "14d",
+            "concentration_top_nodes": 5,
+            "gpus_expected_memory": "2d",
+        }
+    )
+    paths = write_all(tmp_path, config)
+    documents = [yaml.safe_load(path.read_text()) for path in paths]
+    rules = [rule for doc in documents for group in doc["groups"] for rule in group["rules"]]
+    recorded = {rule["record"] for rule in rules if "record" in rule}
+    read = {name for rule in rules for name in RECORDED.findall(rule["expr"])}
+    assert len(read) > 40  # the check sees the reads
+    assert read - recorded == set()
+    for default_window in ("rate5m", "rate2m", "new10m", "avg1h", "increase30d", "top3_share"):
+        assert not any(default_window in name for name in recorded | read), default_window
+    assert "fleet:gpufleet_fleet_exclusions:top5_share28d" in recorded
+    # 28 days are 672 hours: the MTBF series count hours of the same window
+    assert any("* 672\n" in rule["expr"] for rule in rules if "record" in rule)
+    check = subprocess.run(
+        ["promtool", "check", "rules", *map(str, paths)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_every_string_and_number_knob_is_validated() -> None:
+    defaults = RulesConfig()
+    for item in fields(RulesConfig):
+        value = getattr(defaults, item.name)
+        if isinstance(value, str):
+            bad: object = "not valid!"
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            bad = -1
+        else:
+            continue
+        with pytest.raises(ConfigError, match=re.escape(item.name)):
+            config_from_mapping({item.name: bad})
+
+
+@pytest.mark.parametrize(
+    ("knobs", "message"),
+    [
+        ({"health_nvlink_window": "30 min"}, "health_nvlink_window must be a Prometheus duration"),
+        ({"reliability_window": "month"}, "reliability_window must be a Prometheus duration"),
+        ({"data_wait_share": 1.5}, "data_wait_share is a fraction"),
+        ({"job_slowdown_quantile": 25}, "job_slowdown_quantile is a fraction"),
+        ({"mad_floor": -0.1}, "mad_floor must be a finite number, not negative"),
+        ({"runbook_url": "https://example.com/runbook"}, "runbook_url must hold {anchor}"),
+        ({"gpu_presence_metric": "GPU TEMP"}, "gpu_presence_metric must be a metric name"),
+    ],
+)
+def test_malformed_knobs_are_refused_naming_the_knob(
+    knobs: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        config_from_mapping(knobs)
+
+
+def test_a_config_made_in_code_is_validated_too() -> None:
+    with pytest.raises(ConfigError, match="RulesConfig: xid_window must be a Prometheus duration"):
+        replace(RulesConfig(), xid_window="ten minutes")
+
+
+def test_a_severity_for_an_alert_that_does_not_exist_is_refused(tmp_path: Path) -> None:
+    site = tmp_path / "site.yaml"
+    site.write_text("severities:\n  GpuFleetPcieReplay: info\n")
+    with pytest.raises(SystemExit) as exit_info:
+        gpufleet_main(["mixin", "--config", str(site), "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(ConfigError, match="did you mean 'GpuFleetPcieReplays'"):
+        write_all(tmp_path / "out", load_site_config(site))
+    # An alert the site turned off may still be given a severity (it is a real alert).
+    config = config_from_mapping(
+        {"ledger_presence": "off", "severities": {"GpuFleetLedgerTargetMissing": "info"}}
+    )
+    assert write_all(tmp_path / "off", config)

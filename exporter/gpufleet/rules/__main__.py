@@ -38,9 +38,10 @@ def render(document: dict[str, Any]) -> str:
 
 def write_all(out: Path, config: RulesConfig | None = None) -> list[Path]:
     config = config or RulesConfig()
+    files = rule_files(config)  # before anything is written: it may refuse the config
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for rule_file in rule_files(config):
+    for rule_file in files:
         path = out / f"{rule_file.name}.rules.yaml"
         path.write_text(render(as_document(rule_file, config)), encoding="utf-8")
         written.append(path)

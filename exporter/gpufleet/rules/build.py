@@ -3,11 +3,13 @@ turns each into the document written to ``alerts/*.rules.yaml``."""
 
 from __future__ import annotations
 
+import difflib
+from dataclasses import replace
 from typing import Any
 
 from gpufleet.rules.checkpoint import checkpoint_groups
 from gpufleet.rules.common import Alert, RuleFile
-from gpufleet.rules.config import RulesConfig
+from gpufleet.rules.config import ConfigError, RulesConfig
 from gpufleet.rules.dashboard_support import dashboard_support_group
 from gpufleet.rules.fail_slow import training_alerts, training_recording
 from gpufleet.rules.gpu import gpu_alerts, gpu_recording, xid_catalogue_group
@@ -24,14 +26,42 @@ SHARD_LOCAL_FILES = frozenset({"gpu"})
 
 
 def rule_files(config: RulesConfig | None = None) -> list[RuleFile]:
+    """Every rule file built from ``config``; a severity override for an alert that does
+    not exist raises ConfigError naming it."""
     config = config or RulesConfig()
-    return [
+    files = [
         RuleFile("gpu", [xid_catalogue_group(), gpu_recording(config), gpu_alerts(config)]),
         RuleFile("node", [health_recording(config), node_alerts(config)]),
         RuleFile("training", [*training_recording(config), training_alerts(config)]),
         RuleFile("checkpoint", checkpoint_groups(config)),
         RuleFile("reliability", reliability_groups(config)),
         RuleFile("dashboards", [dashboard_support_group(config)]),
+    ]
+    if config.severities:
+        # Every alert, including the presence ones a site may have turned off.
+        every = replace(
+            config,
+            severities={},
+            gpu_presence="seen",
+            agent_presence="seen",
+            ledger_presence="seen",
+        )
+        known = alert_names(rule_files(every))
+        for alert in config.severities:
+            if alert not in known:
+                close = difflib.get_close_matches(alert, known, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ConfigError(f"severities: no alert is named {alert!r}{hint}")
+    return files
+
+
+def alert_names(files: list[RuleFile]) -> list[str]:
+    return [
+        rule.alert
+        for rule_file in files
+        for group in rule_file.groups
+        for rule in group.rules
+        if isinstance(rule, Alert)
     ]
 
 

@@ -7,8 +7,9 @@ and ``gpufleet mixin --config``."""
 from __future__ import annotations
 
 import difflib
+import math
 import re
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -193,6 +194,16 @@ class RulesConfig:
 
     severities: dict[str, str] = field(default_factory=dict)  # alert -> severity overrides
 
+    def __post_init__(self) -> None:
+        # Every knob is checked however the config is made (a site file, replace(), code):
+        # no rule is ever built from a malformed window or selector.
+        for item in fields(self):
+            default = item.default
+            if item.default_factory is not MISSING:
+                default = item.default_factory()
+            value = _check_value(item.name, getattr(self, item.name), default, "RulesConfig")
+            object.__setattr__(self, item.name, value)
+
     def severity(self, alert: str, default: str) -> str:
         return self.severities.get(alert, default)
 
@@ -216,9 +227,13 @@ def _check_value(name: str, value: Any, default: Any, source: str) -> Any:
             raise ConfigError(f"{where} must be a number, got {value!r}")
         if isinstance(default, int) and not isinstance(value, int):
             raise ConfigError(f"{where} must be a whole number, got {value!r}")
+        if not math.isfinite(value) or value < 0:
+            raise ConfigError(f"{where} must be a finite number, not negative, got {value!r}")
+        if name.endswith(("_share", "_quantile")) and value > 1:
+            raise ConfigError(f"{where} is a fraction: it must be between 0 and 1, got {value!r}")
         return value
     if isinstance(default, tuple):
-        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        if not isinstance(value, list | tuple) or not all(isinstance(item, str) for item in value):
             raise ConfigError(f"{where} must be a list of label names, got {value!r}")
         for item in value:
             if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", item):
@@ -240,6 +255,14 @@ def _check_value(name: str, value: Any, default: Any, source: str) -> Any:
     durations = ("_window", "_for", "_memory", "_offset", "_after", "_interval")
     if name.endswith(durations) and not _DURATION.fullmatch(value):
         raise ConfigError(f"{where} must be a Prometheus duration such as 5m or 1h, got {value!r}")
+    if name == "runbook_url" and (
+        "{anchor}" not in value or re.sub(r"\{anchor\}", "", value).count("{")
+    ):
+        raise ConfigError(
+            f"{where} must hold {{anchor}} (the alert's section) and no other braces, got {value!r}"
+        )
+    if name.endswith("_metric") and not re.fullmatch(r"[a-zA-Z_:][a-zA-Z0-9_:]*", value):
+        raise ConfigError(f"{where} must be a metric name, got {value!r}")
     if name.endswith("_presence") and value not in PRESENCE_MODES:
         raise ConfigError(f"{where} must be one of {', '.join(PRESENCE_MODES)}, got {value!r}")
     if (
