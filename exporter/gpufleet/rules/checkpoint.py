@@ -4,31 +4,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpufleet.rules.common import Alert, Group, Record, metric
+from gpufleet.rules.common import Alert, Group, Record, SeriesNames, metric
 from gpufleet.rules.config import RulesConfig
 
 
 @dataclass(frozen=True, slots=True)
-class CheckpointSeries:
+class CheckpointSeries(SeriesNames):
     """What checkpoint.rules.yaml records, each named once here: the checkpoint alerts,
     the reliability rules and the dashboards refer to these."""
 
-    queue_share: str  # per job: share of checkpoint time queued, over checkpoint_window
-    writers: str  # per job: nodes that wrote within checkpoint_window
-    seconds_per_op: str  # per job and op over checkpoint_op_window
-    queue_wait_per_op: str
-    seconds_per_op_daly: str  # per job and op over checkpoint_daly_window
-
-    @classmethod
-    def of(cls, config: RulesConfig) -> CheckpointSeries:
-        w, op_w = config.checkpoint_window, config.checkpoint_op_window
-        return cls(
-            queue_share=f"job:gpufleet_checkpoint_queue_share:rate{w}",
-            writers=f"job:gpufleet_checkpoint_writers:count{w}",
-            seconds_per_op=f"job:gpufleet_checkpoint_seconds_per_op:rate{op_w}",
-            queue_wait_per_op=f"job:gpufleet_checkpoint_queue_wait_per_op:rate{op_w}",
-            seconds_per_op_daly=f"job:gpufleet_checkpoint_seconds_per_op:rate{config.checkpoint_daly_window}",
-        )
+    # per job: share of checkpoint time queued, and nodes that wrote, in checkpoint_window
+    queue_share: str = "job:gpufleet_checkpoint_queue_share:rate{checkpoint_window}"
+    writers: str = "job:gpufleet_checkpoint_writers:count{checkpoint_window}"
+    # per job and op over checkpoint_op_window, and over checkpoint_daly_window
+    seconds_per_op: str = "job:gpufleet_checkpoint_seconds_per_op:rate{checkpoint_op_window}"
+    queue_wait_per_op: str = "job:gpufleet_checkpoint_queue_wait_per_op:rate{checkpoint_op_window}"
+    seconds_per_op_daly: str = "job:gpufleet_checkpoint_seconds_per_op:rate{checkpoint_daly_window}"
 
 
 def checkpoint_groups(config: RulesConfig) -> list[Group]:

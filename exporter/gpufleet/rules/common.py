@@ -18,18 +18,16 @@ compares a GPU with itself by ``UUID``, never by whole label sets.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Self
 
 from gpufleet.rules.config import RulesConfig
-
-GPU = "node, gpu, UUID"
-STAGE = "training_job, pp_stage"
-NODE_STAGE = "training_job, node, pp_stage"
 
 
 @dataclass(frozen=True, slots=True)
 class Record:
+    """A recording rule; ``record`` comes from its area's series object (``GpuSeries``...)."""
+
     record: str
     expr: str
     labels: dict[str, str] = field(default_factory=dict)
@@ -74,6 +72,32 @@ class Group:
 class RuleFile:
     name: str  # file stem, e.g. "gpu" -> alerts/gpu.rules.yaml
     groups: list[Group]
+
+
+class SeriesNames:
+    """Base of each area's recorded-series object (``GpuSeries``, ``TrainingSeries``...):
+    every field's default is the series' name with ``{knob}`` where a knob goes, and
+    ``of(config)`` fills them in, so each name is written once, beside what records it."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+    @classmethod
+    def derived(cls, config: RulesConfig) -> dict[str, object]:
+        """Values a name needs that are not knobs as they stand."""
+        return {}
+
+    @classmethod
+    def of(cls, config: RulesConfig) -> Self:
+        knobs = {item.name: getattr(config, item.name) for item in fields(config)}
+        values = knobs | cls.derived(config)
+        return cls(**{item.name: str(item.default).format(**values) for item in fields(cls)})
+
+
+# The labels that identify a GPU, a pipeline stage and a node's part of it, in `by` and
+# `on` clauses.
+GPU = "node, gpu, UUID"
+STAGE = "training_job, pp_stage"
+NODE_STAGE = "training_job, node, pp_stage"
 
 
 def metric(name: str, selector: str, extra: str = "") -> str:

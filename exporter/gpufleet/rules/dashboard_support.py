@@ -5,38 +5,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpufleet.rules.common import NODE_STAGE, Alert, Group, Record, metric, with_node
+from gpufleet.rules.common import NODE_STAGE, Alert, Group, Record, SeriesNames, metric, with_node
 from gpufleet.rules.config import RulesConfig
 
 
 @dataclass(frozen=True, slots=True)
-class DashboardSeries:
+class DashboardSeries(SeriesNames):
     """What dashboards.rules.yaml records, each named once here for the dashboards."""
 
-    gpu_node: str  # which node each GPU is on
-    node_gpus: str  # GPUs reporting per node
-    fleet_util: str
-    fleet_power: str
-    phase_per_step: str  # per node-stage and phase, over rate_window
-    exclusions_reason: str  # per reason, within reliability_window
-    node_seconds_per_op: str  # per node and op, over rate_window
-    node_checkpoint_bytes: str
-    checkpoint_interval: str  # per job, over checkpoint_op_window
-
-    @classmethod
-    def of(cls, config: RulesConfig) -> DashboardSeries:
-        w = config.rate_window
-        return cls(
-            gpu_node="gpu:gpufleet_gpu_node:info",
-            node_gpus="node:gpufleet_gpus_reporting:count",
-            fleet_util="fleet:DCGM_FI_DEV_GPU_UTIL:avg",
-            fleet_power="fleet:DCGM_FI_DEV_POWER_USAGE:sum",
-            phase_per_step=f"node:gpufleet_training_phase_seconds_per_step:rate{w}",
-            exclusions_reason=f"reason:gpufleet_fleet_exclusions:increase{config.reliability_window}",
-            node_seconds_per_op=f"node:gpufleet_checkpoint_seconds_per_op:rate{w}",
-            node_checkpoint_bytes=f"node:gpufleet_checkpoint_bytes:rate{w}",
-            checkpoint_interval=f"job:gpufleet_checkpoint_interval_seconds:rate{config.checkpoint_op_window}",
-        )
+    # which node each GPU is on; GPUs reporting per node; fleet utilisation and power
+    gpu_node: str = "gpu:gpufleet_gpu_node:info"
+    node_gpus: str = "node:gpufleet_gpus_reporting:count"
+    fleet_util: str = "fleet:DCGM_FI_DEV_GPU_UTIL:avg"
+    fleet_power: str = "fleet:DCGM_FI_DEV_POWER_USAGE:sum"
+    # per node-stage and phase
+    phase_per_step: str = "node:gpufleet_training_phase_seconds_per_step:rate{rate_window}"
+    exclusions_reason: str = "reason:gpufleet_fleet_exclusions:increase{reliability_window}"
+    # per node and op: seconds per checkpoint operation, bytes/s; per job: seconds between saves
+    node_seconds_per_op: str = "node:gpufleet_checkpoint_seconds_per_op:rate{rate_window}"
+    node_checkpoint_bytes: str = "node:gpufleet_checkpoint_bytes:rate{rate_window}"
+    checkpoint_interval: str = "job:gpufleet_checkpoint_interval_seconds:rate{checkpoint_op_window}"
 
 
 def dashboard_support_group(config: RulesConfig) -> Group:

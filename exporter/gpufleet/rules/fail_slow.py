@@ -5,76 +5,66 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpufleet.rules.common import JOB_NODE, NODE_STAGE, STAGE, Alert, Group, Record, metric
+from gpufleet.rules.common import (
+    JOB_NODE,
+    NODE_STAGE,
+    STAGE,
+    Alert,
+    Group,
+    Record,
+    SeriesNames,
+    metric,
+)
 from gpufleet.rules.config import RulesConfig
 from gpufleet.rules.gpu import XID_INFO, GpuSeries
 
 
 @dataclass(frozen=True, slots=True)
-class TrainingSeries:
+class TrainingSeries(SeriesNames):
     """What training.rules.yaml records, each named once here: the training alerts, the
     node health signals and the dashboards refer to these."""
 
-    slowest: str  # per node-stage: compute seconds per step of its slowest rank
-    stage_median: str
-    stage_mad: str
-    stage_nodes: str
-    compute_ratio: str  # a node's compute against its stage median
-    compute_zscore: str
-    rank: str  # per rank: compute seconds per step
-    rank_median: str
-    rank_mad: str
-    stage_ranks: str
-    rank_ratio: str
-    rank_zscore: str
-    stepping: str  # node-stages whose slowest rank stepped within step_window
-    node_step: str  # node-stages' step seconds within step_window, where they stepped
-    node_baseline: str
-    own_trend: str
-    baseline_ratio: str
-    job_step: str  # the job's seconds per step over step_window
-    job_steady: str  # the job's steady step time now and over its baseline
-    job_steady_baseline: str
-    job_step_avg: str  # over hang_step_window
-    data_wait_share: str
-    data_wait_median: str
-    last_step: str
-    finished: str
-    unfinished: str
+    # per node-stage: compute seconds per step of its slowest rank; its stage's median
+    # and median absolute deviation; nodes per stage
+    slowest: str = "node:gpufleet_training_slowest_compute_per_step:rate{rate_window}"
+    stage_median: str = "stage:gpufleet_training_slowest_compute_per_step:median{rate_window}"
+    stage_mad: str = "stage:gpufleet_training_slowest_compute_per_step:mad{rate_window}"
+    stage_nodes: str = "stage:gpufleet_training_nodes:count{rate_window}"
+    # a node's compute against its stage median
+    compute_ratio: str = "node:gpufleet_training_compute_ratio:rate{rate_window}"
+    compute_zscore: str = "node:gpufleet_training_compute_zscore:rate{rate_window}"
+    # per rank: compute seconds per step, and the same against the rank peers
+    rank: str = "rank:gpufleet_training_compute_per_step:rate{rate_window}"
+    rank_median: str = "stage:gpufleet_training_rank_compute_per_step:median{rate_window}"
+    rank_mad: str = "stage:gpufleet_training_rank_compute_per_step:mad{rate_window}"
+    stage_ranks: str = "stage:gpufleet_training_ranks:count{rate_window}"
+    rank_ratio: str = "node:gpufleet_training_rank_compute_ratio:max{rate_window}"
+    rank_zscore: str = "node:gpufleet_training_rank_compute_zscore:max{rate_window}"
+    # node-stages whose slowest rank stepped within step_window; their step seconds
+    stepping: str = "node:gpufleet_training_slowest_rank_steps:rate{step_window}"
+    node_step: str = "node:gpufleet_training_step_seconds:rate{step_window}"
+    # a node against its own baseline, then against the job's median trend
+    node_baseline: str = "node:gpufleet_training_slowest_compute_per_step:baseline{baseline_window}"
+    own_trend: str = "node:gpufleet_training_own_trend:rate{rate_window}"
+    baseline_ratio: str = "node:gpufleet_training_baseline_ratio:rate{rate_window}"
+    # the job's seconds per step over step_window, its steady step time now and over
+    # its baseline, and its mean over hang_step_window
+    job_step: str = "job:gpufleet_training_step_seconds:rate{step_window}"
+    job_steady: str = "job:gpufleet_training_step_seconds:p{slowdown_percent}_{job_slowdown_window}"
+    job_steady_baseline: str = (
+        "job:gpufleet_training_step_seconds:p{slowdown_percent}_baseline{baseline_window}"
+    )
+    job_step_avg: str = "job:gpufleet_training_step_seconds:avg{hang_step_window}"
+    data_wait_share: str = "node:gpufleet_training_data_wait_share:rate{data_wait_window}"
+    data_wait_median: str = "stage:gpufleet_training_data_wait_share:median{data_wait_window}"
+    # the hang detector's memory of each node-stage's last step and finish
+    last_step: str = "node:gpufleet_training_last_step_timestamp:max{hang_memory}"
+    finished: str = "node:gpufleet_training_finished_timestamp:last{hang_memory}"
+    unfinished: str = "node:gpufleet_training_unfinished_last_step_timestamp:max{hang_memory}"
 
     @classmethod
-    def of(cls, config: RulesConfig) -> TrainingSeries:
-        w, step_w, memory = config.rate_window, config.step_window, config.hang_memory
-        percent = round(config.job_slowdown_quantile * 100)
-        data_w = config.data_wait_window
-        return cls(
-            slowest=f"node:gpufleet_training_slowest_compute_per_step:rate{w}",
-            stage_median=f"stage:gpufleet_training_slowest_compute_per_step:median{w}",
-            stage_mad=f"stage:gpufleet_training_slowest_compute_per_step:mad{w}",
-            stage_nodes=f"stage:gpufleet_training_nodes:count{w}",
-            compute_ratio=f"node:gpufleet_training_compute_ratio:rate{w}",
-            compute_zscore=f"node:gpufleet_training_compute_zscore:rate{w}",
-            rank=f"rank:gpufleet_training_compute_per_step:rate{w}",
-            rank_median=f"stage:gpufleet_training_rank_compute_per_step:median{w}",
-            rank_mad=f"stage:gpufleet_training_rank_compute_per_step:mad{w}",
-            stage_ranks=f"stage:gpufleet_training_ranks:count{w}",
-            rank_ratio=f"node:gpufleet_training_rank_compute_ratio:max{w}",
-            rank_zscore=f"node:gpufleet_training_rank_compute_zscore:max{w}",
-            stepping=f"node:gpufleet_training_slowest_rank_steps:rate{step_w}",
-            node_step=f"node:gpufleet_training_step_seconds:rate{step_w}",
-            node_baseline=f"node:gpufleet_training_slowest_compute_per_step:baseline{config.baseline_window}",
-            own_trend=f"node:gpufleet_training_own_trend:rate{w}",
-            baseline_ratio=f"node:gpufleet_training_baseline_ratio:rate{w}",
-            job_step=f"job:gpufleet_training_step_seconds:rate{step_w}",
-            job_steady=f"job:gpufleet_training_step_seconds:p{percent}_{config.job_slowdown_window}",
-            job_steady_baseline=f"job:gpufleet_training_step_seconds:p{percent}_baseline{config.baseline_window}",
-            job_step_avg=f"job:gpufleet_training_step_seconds:avg{config.hang_step_window}",
-            data_wait_share=f"node:gpufleet_training_data_wait_share:rate{data_w}",
-            data_wait_median=f"stage:gpufleet_training_data_wait_share:median{data_w}",
-            last_step=f"node:gpufleet_training_last_step_timestamp:max{memory}",
-            finished=f"node:gpufleet_training_finished_timestamp:last{memory}",
-            unfinished=f"node:gpufleet_training_unfinished_last_step_timestamp:max{memory}",
-        )
+    def derived(cls, config: RulesConfig) -> dict[str, object]:
+        return {"slowdown_percent": round(config.job_slowdown_quantile * 100)}
 
 
 def training_recording(config: RulesConfig) -> list[Group]:

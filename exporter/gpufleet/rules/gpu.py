@@ -11,6 +11,7 @@ from gpufleet.rules.common import (
     Alert,
     Group,
     Record,
+    SeriesNames,
     agent_node,
     metric,
     new_in,
@@ -73,29 +74,22 @@ def risen_series(config: RulesConfig, counter: str, knob: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class GpuSeries:
+class GpuSeries(SeriesNames):
     """What gpu.rules.yaml records, each named once here: the GPU alerts, the node and
     health rules, the training rules and the dashboards refer to these."""
 
-    xid_changed: str  # dcgm-exporter's last XID changed within xid_window
-    xid_new: str  # new XIDs per GPU and code within xid_window
-    hw_slowdown: str  # per GPU and reason, 1 while in a hardware slowdown
-    dcgm_reasons: str  # dcgm-exporter's clock-event bitmask, where it is the only source
+    # dcgm-exporter's last XID changed within xid_window
+    xid_changed: str = "gpu:DCGM_FI_DEV_XID_ERRORS:changed{xid_window}"
+    # new XIDs per GPU and code within xid_window
+    xid_new: str = "gpu:gpufleet_gpu_xid_errors:new{xid_window}"
+    # per GPU and reason, 1 while in a hardware slowdown
+    hw_slowdown: str = "gpu:gpufleet_gpu_hw_slowdown:active"
+    # dcgm-exporter's clock-event bitmask, where it is the only source
+    dcgm_reasons: str = "gpu:DCGM_FI_DEV_CLOCK_THROTTLE_REASONS:dcgm_only"
     # GPUs answering now on nodes without gpufleet's agent, and the most seen there
-    # within ``gpus_expected_memory`` (what the node should have: 4 on a 4-GPU node)
-    dcgm_gpus: str
-    dcgm_gpus_max: str
-
-    @classmethod
-    def of(cls, config: RulesConfig) -> GpuSeries:
-        return cls(
-            xid_changed=f"gpu:DCGM_FI_DEV_XID_ERRORS:changed{config.xid_window}",
-            xid_new=f"gpu:gpufleet_gpu_xid_errors:new{config.xid_window}",
-            hw_slowdown="gpu:gpufleet_gpu_hw_slowdown:active",
-            dcgm_reasons="gpu:DCGM_FI_DEV_CLOCK_THROTTLE_REASONS:dcgm_only",
-            dcgm_gpus="node:gpufleet_dcgm_gpus:count",
-            dcgm_gpus_max=f"node:gpufleet_dcgm_gpus:max{config.gpus_expected_memory}",
-        )
+    # within gpus_expected_memory (what the node should have: 4 on a 4-GPU node)
+    dcgm_gpus: str = "node:gpufleet_dcgm_gpus:count"
+    dcgm_gpus_max: str = "node:gpufleet_dcgm_gpus:max{gpus_expected_memory}"
 
 
 # dcgm-exporter 4.x names the clock-event bitmask ..._CLOCKS_EVENT_REASONS; older ones,

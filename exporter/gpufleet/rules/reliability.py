@@ -6,37 +6,29 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpufleet.rules.checkpoint import CheckpointSeries
-from gpufleet.rules.common import Alert, Group, Record, metric
+from gpufleet.rules.common import Alert, Group, Record, SeriesNames, metric
 from gpufleet.rules.config import RulesConfig
 from gpufleet.rules.inline import duration_seconds
 from gpufleet.rules.presence import presence_note, targets_missing, targets_record
 
 
 @dataclass(frozen=True, slots=True)
-class ReliabilitySeries:
+class ReliabilitySeries(SeriesNames):
     """What reliability.rules.yaml records, each named once here: the reliability alerts
     and the dashboards refer to these."""
 
-    node_exclusions_recent: str  # per node within repeat_offender_window
-    node_exclusions: str  # per node within reliability_window
-    fleet_exclusions: str
-    top_share: str  # the top concentration_top_nodes nodes' share of them
-    node_mtbf: str  # hours, over reliability_window
-    job_mtbf: str
-    young_daly: str  # Young/Daly's checkpoint interval per job, in seconds
-
-    @classmethod
-    def of(cls, config: RulesConfig) -> ReliabilitySeries:
-        month, top = config.reliability_window, config.concentration_top_nodes
-        return cls(
-            node_exclusions_recent=f"node:gpufleet_fleet_exclusions:increase{config.repeat_offender_window}",
-            node_exclusions=f"node:gpufleet_fleet_exclusions:increase{month}",
-            fleet_exclusions=f"fleet:gpufleet_fleet_exclusions:increase{month}",
-            top_share=f"fleet:gpufleet_fleet_exclusions:top{top}_share{month}",
-            node_mtbf=f"fleet:gpufleet_node_mtbf_hours:{month}",
-            job_mtbf=f"job:gpufleet_job_mtbf_hours:{month}",
-            young_daly=f"job:gpufleet_checkpoint_interval_young_daly_seconds:{month}",
-        )
+    # exclusions per node within repeat_offender_window, then within reliability_window
+    node_exclusions_recent: str = "node:gpufleet_fleet_exclusions:increase{repeat_offender_window}"
+    node_exclusions: str = "node:gpufleet_fleet_exclusions:increase{reliability_window}"
+    fleet_exclusions: str = "fleet:gpufleet_fleet_exclusions:increase{reliability_window}"
+    # the top concentration_top_nodes nodes' share of them
+    top_share: str = (
+        "fleet:gpufleet_fleet_exclusions:top{concentration_top_nodes}_share{reliability_window}"
+    )
+    # hours between failures; Young/Daly's checkpoint interval per job, in seconds
+    node_mtbf: str = "fleet:gpufleet_node_mtbf_hours:{reliability_window}"
+    job_mtbf: str = "job:gpufleet_job_mtbf_hours:{reliability_window}"
+    young_daly: str = "job:gpufleet_checkpoint_interval_young_daly_seconds:{reliability_window}"
 
 
 def reliability_groups(config: RulesConfig) -> list[Group]:
