@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-MetricKind = Literal["gauge", "counter", "untyped"]
+MetricKind = Literal["gauge", "counter", "histogram", "summary", "untyped"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

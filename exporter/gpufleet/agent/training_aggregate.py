@@ -23,15 +23,13 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from prometheus_client.metrics_core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from gpufleet.agent.training_events import CheckpointBatch, FinishedBatch, StepBatch
+from gpufleet.agent.training_view import JobView
+from gpufleet.schema import agent as agent_schema
+from gpufleet.schema import training as ts
 
 DEFAULT_STEP_BUCKETS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 _FINALIZED_MEMORY = 4096  # recent steps whose slowest-rank figure is already counted
@@ -517,111 +515,48 @@ class IngestCounts:
     series: int
 
     def families(self) -> Iterable[Metric]:
-        accepted = CounterMetricFamily(
-            "gpufleet_ingest_accepted_events", "Events accepted by the ingest API.", labels=["kind"]
-        )
-        for kind in ("steps", "checkpoints", "finished"):
+        accepted = agent_schema.INGEST_ACCEPTED.counter()
+        for kind in agent_schema.INGEST_KINDS:
             accepted.add_metric([kind], self.accepted.get(kind, 0))
-        rejected = CounterMetricFamily(
-            "gpufleet_ingest_rejected",
-            "Events (or requests, when no event could be read) rejected, by reason.",
-            labels=["reason"],
-        )
+        rejected = agent_schema.INGEST_REJECTED.counter()
         for reason, count in sorted(self.rejected.items()):
             rejected.add_metric([reason], count)
-        dropped = CounterMetricFamily(
-            "gpufleet_ingest_client_dropped",
-            "Events clients reported dropping before they could send them (buffer full, "
-            "agent unreachable).",
-        )
+        dropped = agent_schema.INGEST_CLIENT_DROPPED.counter()
         dropped.add_metric([], self.client_dropped)
-        jobs = GaugeMetricFamily("gpufleet_ingest_jobs", "Training jobs this agent tracks.")
+        jobs = agent_schema.INGEST_JOBS.gauge()
         jobs.add_metric([], self.jobs)
-        series = GaugeMetricFamily(
-            "gpufleet_ingest_series",
-            "Training and checkpoint series this agent exports (bounded by --max-series).",
-        )
+        series = agent_schema.INGEST_SERIES.gauge()
         series.add_metric([], self.series)
-        expired = CounterMetricFamily(
-            "gpufleet_ingest_jobs_expired",
-            "Training jobs forgotten because they stopped reporting for the TTL.",
-        )
+        expired = agent_schema.INGEST_JOBS_EXPIRED.counter()
         expired.add_metric([], self.jobs_expired)
         yield from (accepted, rejected, dropped, jobs, series, expired)
 
 
 def training_families(
-    node: str, jobs: Mapping[str, JobState], step_buckets: Sequence[float] = DEFAULT_STEP_BUCKETS
+    node: str, jobs: Mapping[str, JobView], step_buckets: Sequence[float] = DEFAULT_STEP_BUCKETS
 ) -> Iterable[Metric]:
     """The training and checkpoint families for one node's jobs.
 
     Shared by the agent's aggregator and the simulator, so a simulated node
     exposes exactly what a real agent does.
     """
-    stage_labels = ["training_job", "node", "pp_stage"]
-
-    def counter(name: str, help_text: str, extra: list[str] | None = None) -> CounterMetricFamily:
-        return CounterMetricFamily(name, help_text, labels=stage_labels + (extra or []))
-
-    def gauge(name: str, help_text: str, extra: list[str] | None = None) -> GaugeMetricFamily:
-        return GaugeMetricFamily(name, help_text, labels=stage_labels + (extra or []))
-
-    steps = counter("gpufleet_training_steps", "Training-phase steps, one per rank per step.")
-    step_s = counter(
-        "gpufleet_training_step_seconds",
-        "Wall time of training-phase steps, summed over ranks.",
-    )
-    compute_s = counter(
-        "gpufleet_training_compute_seconds",
-        "Compute time of training-phase steps (excluding data and collective waits).",
-    )
-    data_s = counter("gpufleet_training_data_wait_seconds", "Time ranks waited on the data loader.")
-    comm_s = counter(
-        "gpufleet_training_collective_wait_seconds",
-        "Time ranks waited in collectives (communication, and waiting for slower peers).",
-    )
-    tokens = counter("gpufleet_training_tokens", "Tokens processed in training-phase steps.")
-    slow_s = counter(
-        "gpufleet_training_slowest_rank_compute_seconds",
-        "Per step, the largest compute time among this node's ranks in the stage, summed.",
-    )
-    slow_n = counter(
-        "gpufleet_training_slowest_rank_steps",
-        "Steps counted in gpufleet_training_slowest_rank_compute_seconds_total.",
-    )
-    histogram = HistogramMetricFamily(
-        "gpufleet_training_step_duration_seconds",
-        "Distribution of training-phase step wall times (per rank).",
-        labels=stage_labels,
-    )
-    last_ts = gauge(
-        "gpufleet_training_last_step_timestamp_seconds",
-        "When the agent last received a step of any phase (Unix time, agent clock).",
-    )
-    last_step = gauge("gpufleet_training_step_number", "Highest step number reported.")
-    ranks = gauge(
-        "gpufleet_training_ranks",
-        "Ranks that reported a step recently (within the rank window).",
-    )
-    finished = gauge(
-        "gpufleet_training_finished_timestamp_seconds",
-        "When every rank seen in this stage had reported that it finished (Unix time, "
-        "agent clock); 0 while any rank still runs.",
-    )
-    phase_n = counter(
-        "gpufleet_training_phase_steps",
-        "Steps per phase (train, eval, checkpoint), one per rank per step.",
-        ["phase"],
-    )
-    phase_s = counter(
-        "gpufleet_training_phase_seconds", "Wall time per phase, summed over ranks.", ["phase"]
-    )
-    rank_compute = counter(
-        "gpufleet_training_rank_compute_seconds",
-        "Compute time of training-phase steps per rank (for rank-level peer comparison).",
-        ["rank"],
-    )
-    rank_steps = counter("gpufleet_training_rank_steps", "Training-phase steps per rank.", ["rank"])
+    steps = ts.STEPS.counter()
+    step_s = ts.STEP_SECONDS.counter()
+    compute_s = ts.COMPUTE_SECONDS.counter()
+    data_s = ts.DATA_WAIT_SECONDS.counter()
+    comm_s = ts.COLLECTIVE_WAIT_SECONDS.counter()
+    tokens = ts.TOKENS.counter()
+    slow_s = ts.SLOWEST_RANK_COMPUTE_SECONDS.counter()
+    slow_n = ts.SLOWEST_RANK_STEPS.counter()
+    histogram = ts.STEP_DURATION.histogram()
+    last_ts = ts.LAST_STEP_TIMESTAMP.gauge()
+    last_step = ts.STEP_NUMBER.gauge()
+    ranks = ts.RANKS.gauge()
+    finished = ts.FINISHED_TIMESTAMP.gauge()
+    phase_n = ts.PHASE_STEPS.counter()
+    phase_s = ts.PHASE_SECONDS.counter()
+    rank_compute = ts.RANK_COMPUTE_SECONDS.counter()
+    rank_steps = ts.RANK_STEPS.counter()
     bounds = [*(str(b) for b in step_buckets), "+Inf"]
     for job_name, job in sorted(jobs.items()):
         for pp_stage, stage in sorted(job.stages.items()):
@@ -643,7 +578,7 @@ def training_families(
             last_step.add_metric(labels, stage.last_step)
             ranks.add_metric(labels, stage.active_ranks)
             finished.add_metric(labels, stage.finished_time)
-            for phase in ("train", "eval", "checkpoint"):
+            for phase in ts.PHASES:
                 phase_n.add_metric([*labels, phase], stage.phase_steps.get(phase, 0))
                 phase_s.add_metric([*labels, phase], stage.phase_seconds.get(phase, 0.0))
             for rank_id, rank in sorted(stage.ranks.items()):
@@ -654,35 +589,16 @@ def training_families(
     yield from _checkpoint_families(node, jobs)
 
 
-def _checkpoint_families(node: str, jobs: Mapping[str, JobState]) -> Iterable[Metric]:
-    labels = ["training_job", "node", "op"]
-    operations = CounterMetricFamily(
-        "gpufleet_checkpoint_operations",
-        "Completed checkpoint operations by outcome (ok, failed, abandoned: no end seen).",
-        labels=[*labels, "outcome"],
-    )
-    queue = CounterMetricFamily(
-        "gpufleet_checkpoint_queue_wait_seconds",
-        "Time checkpoint operations spent queued for storage before being served.",
-        labels=labels,
-    )
-    service = CounterMetricFamily(
-        "gpufleet_checkpoint_service_seconds",
-        "Time checkpoint operations spent being served (reading or writing).",
-        labels=labels,
-    )
-    size = CounterMetricFamily(
-        "gpufleet_checkpoint_bytes", "Bytes written or read by checkpoints.", labels=labels
-    )
-    in_flight = GaugeMetricFamily(
-        "gpufleet_checkpoint_in_flight",
-        "Checkpoint operations begun on this node and not yet ended (concurrency).",
-        labels=labels,
-    )
+def _checkpoint_families(node: str, jobs: Mapping[str, JobView]) -> Iterable[Metric]:
+    operations = ts.CHECKPOINT_OPERATIONS.counter()
+    queue = ts.CHECKPOINT_QUEUE_WAIT_SECONDS.counter()
+    service = ts.CHECKPOINT_SERVICE_SECONDS.counter()
+    size = ts.CHECKPOINT_BYTES.counter()
+    in_flight = ts.CHECKPOINT_IN_FLIGHT.gauge()
     for job_name, job in sorted(jobs.items()):
         for op, stats in sorted(job.checkpoints.items()):
             key = [job_name, node, op]
-            for outcome in ("ok", "failed", "abandoned"):
+            for outcome in ts.CHECKPOINT_OUTCOMES:
                 operations.add_metric([*key, outcome], stats.outcomes.get(outcome, 0))
             queue.add_metric(key, stats.queue_wait_seconds)
             service.add_metric(key, stats.service_seconds)

@@ -7,9 +7,7 @@ What DCGM has no field for lives under the ``gpufleet_`` prefix.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from gpufleet.exposition import MetricKind
+from gpufleet.schema.family import MetricDef
 
 # dcgm-exporter's identifying label set, in its order. Every released dcgm-exporter
 # names the node `Hostname`; its main branch `hostname`: the agent's --node-label.
@@ -17,21 +15,20 @@ GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")
 NODE_LABEL = "Hostname"
 # dcgm-exporter's stock counters turn the driver version into a label on every series.
 DRIVER_LABEL = "DCGM_FI_DRIVER_VERSION"
+# Every per-GPU series carries these (the node label under its configured name).
+SERIES_LABELS = (*GPU_LABELS, DRIVER_LABEL)
+# A node's GPU counts carry only the node and the driver.
+HOST_LABELS = (NODE_LABEL, DRIVER_LABEL)
+
+GpuMetric = MetricDef
 
 
-@dataclass(frozen=True, slots=True)
-class GpuMetric:
-    name: str
-    kind: MetricKind
-    help: str
+def _g(name: str, help_text: str, *extra: str) -> GpuMetric:
+    return GpuMetric(name, "gauge", help_text, (*SERIES_LABELS, *extra))
 
 
-def _g(name: str, help_text: str) -> GpuMetric:
-    return GpuMetric(name, "gauge", help_text)
-
-
-def _c(name: str, help_text: str) -> GpuMetric:
-    return GpuMetric(name, "counter", help_text)
+def _c(name: str, help_text: str, *extra: str) -> GpuMetric:
+    return GpuMetric(name, "counter", help_text, (*SERIES_LABELS, *extra))
 
 
 SM_CLOCK = _g("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).")
@@ -197,7 +194,48 @@ THROTTLE_REASON_BITS: tuple[tuple[str, int], ...] = (
     ("display_clock_setting", 0x100),
 )
 
-XID_LAST = _g("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.")
+# The families DCGM has no field for, under the gpufleet_ prefix.
+THROTTLE_ACTIVE = _g(
+    "gpufleet_gpu_clock_throttle_active",
+    "1 while the GPU's clocks are held down for this reason (one series per reason).",
+    "reason",
+)
+GPU_UP = _g(
+    "gpufleet_gpu_up",
+    "1 if NVML answers for this GPU; 0 if it is lost, unreachable or NVML is hung.",
+)
+GPU_INFO = _g(
+    "gpufleet_gpu_info",
+    "Descriptive facts about each GPU, as labels; the value is always 1.",
+    "driver_version",
+    "cuda_driver_version",
+)
+GPUS_EXPECTED = GpuMetric(
+    "gpufleet_gpus_expected",
+    "gauge",
+    "GPUs this node should have: the configured count, or as many as were first seen.",
+    HOST_LABELS,
+)
+GPUS_SEEN = GpuMetric(
+    "gpufleet_gpus_seen", "gauge", "GPUs NVML currently answers for.", HOST_LABELS
+)
+FIELDS_UNSUPPORTED = GpuMetric(
+    "gpufleet_gpu_fields_unsupported",
+    "gauge",
+    "Number of GPUs on which NVML reports this field unsupported; it is omitted for them.",
+    (*HOST_LABELS, "field"),
+)
+XID_LAST = _g(
+    "DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", "err_code", "err_msg"
+)
+XID_TOTAL = _c(
+    "gpufleet_gpu_xid_errors_total",
+    "XID errors reported by the driver, per XID code (from NVML's event stream).",
+    "xid",
+)
+XID_LAST_TIMESTAMP = _g(
+    "gpufleet_gpu_last_xid_timestamp_seconds", "Unix time of the last XID error on this GPU."
+)
 
 # dcgm-exporter's err_msg label on DCGM_FI_DEV_XID_ERRORS (NVIDIA's XID catalogue text),
 # for the codes gpufleet's rules know; any other code reads "Unknown Error" here.
@@ -224,3 +262,17 @@ XID_MESSAGES = {
     154: "GPU Recovery Action Changed",
 }
 XID_UNKNOWN_MESSAGE = "Unknown Error"
+
+# Every family the agent's GPU part exposes, for the schema's index.
+GPU_FAMILIES: tuple[GpuMetric, ...] = (
+    *VALUE_METRICS,
+    THROTTLE_ACTIVE,
+    GPU_UP,
+    GPU_INFO,
+    GPUS_EXPECTED,
+    GPUS_SEEN,
+    FIELDS_UNSUPPORTED,
+    XID_LAST,
+    XID_TOTAL,
+    XID_LAST_TIMESTAMP,
+)

@@ -16,6 +16,10 @@ from gpufleet.gpu.snapshot import GpuSnapshot
 from gpufleet.gpu.xid import XidLedger, XidView
 
 
+def _family(metric: cat.GpuMetric) -> Family:
+    return Family(metric.name, metric.kind, metric.help)
+
+
 def gpu_families(
     snapshot: GpuSnapshot,
     xids: XidView | None = None,
@@ -43,17 +47,13 @@ def gpu_families(
 
     if not stale:
         for metric in cat.VALUE_METRICS:
-            family = Family(metric.name, metric.kind, metric.help)
+            family = _family(metric)
             for reading in snapshot.gpus:
                 if reading.up and metric.name in reading.values:
                     family.add(labels_by_index[reading.identity.index], reading.values[metric.name])
             families.append(family)
 
-        throttle = Family(
-            "gpufleet_gpu_clock_throttle_active",
-            "gauge",
-            "1 while the GPU's clocks are held down for this reason (one series per reason).",
-        )
+        throttle = _family(cat.THROTTLE_ACTIVE)
         for reading in snapshot.gpus:
             if not reading.up or reading.clock_event_reasons is None:
                 continue
@@ -63,20 +63,12 @@ def gpu_families(
                 throttle.add(f'{base},reason="{reason}"', active)
         families.append(throttle)
 
-    up = Family(
-        "gpufleet_gpu_up",
-        "gauge",
-        "1 if NVML answers for this GPU; 0 if it is lost, unreachable or NVML is hung.",
-    )
+    up = _family(cat.GPU_UP)
     for reading in snapshot.gpus:
         up.add(labels_by_index[reading.identity.index], 1.0 if reading.up and not stale else 0.0)
     families.append(up)
 
-    info = Family(
-        "gpufleet_gpu_info",
-        "gauge",
-        "Descriptive facts about each GPU, as labels; the value is always 1.",
-    )
+    info = _family(cat.GPU_INFO)
     driver = escape_label_value(snapshot.driver_version)
     cuda = escape_label_value(snapshot.cuda_driver_version)
     for reading in snapshot.gpus:
@@ -87,22 +79,14 @@ def gpu_families(
         )
     families.append(info)
 
-    expected = Family(
-        "gpufleet_gpus_expected",
-        "gauge",
-        "GPUs this node should have: the configured count, or as many as were first seen.",
-    )
+    expected = _family(cat.GPUS_EXPECTED)
     expected.add(host_labels, float(snapshot.gpus_expected))
     families.append(expected)
-    seen = Family("gpufleet_gpus_seen", "gauge", "GPUs NVML currently answers for.")
+    seen = _family(cat.GPUS_SEEN)
     seen.add(host_labels, 0.0 if stale else float(snapshot.gpus_seen))
     families.append(seen)
 
-    unsupported = Family(
-        "gpufleet_gpu_fields_unsupported",
-        "gauge",
-        "Number of GPUs on which NVML reports this field unsupported; it is omitted for them.",
-    )
+    unsupported = _family(cat.FIELDS_UNSUPPORTED)
     for name in sorted(snapshot.unsupported):
         unsupported.add(f'{host_labels},field="{name}"', float(snapshot.unsupported[name]))
     families.append(unsupported)
@@ -115,17 +99,9 @@ def gpu_families(
 def _xid_families(
     snapshot: GpuSnapshot, xids: XidView, labels_by_index: dict[int, str], stale: bool
 ) -> list[Family]:
-    last = Family(cat.XID_LAST.name, cat.XID_LAST.kind, cat.XID_LAST.help)
-    total = Family(
-        "gpufleet_gpu_xid_errors_total",
-        "counter",
-        "XID errors reported by the driver, per XID code (from NVML's event stream).",
-    )
-    when = Family(
-        "gpufleet_gpu_last_xid_timestamp_seconds",
-        "gauge",
-        "Unix time of the last XID error on this GPU.",
-    )
+    last = _family(cat.XID_LAST)
+    total = _family(cat.XID_TOTAL)
+    when = _family(cat.XID_LAST_TIMESTAMP)
     for reading in snapshot.gpus:
         labels = labels_by_index[reading.identity.index]
         history = xids.by_uuid.get(reading.identity.uuid)

@@ -13,28 +13,23 @@ import json
 import logging
 import threading
 import time
-from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from prometheus_client import generate_latest
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import Metric
 
 from gpufleet import __version__
 from gpufleet.agent.metrics_endpoint import Receive, Scope, Send
-from gpufleet.agent.training_aggregate import (
-    CheckpointStats,
-    JobState,
-    RankStats,
-    StageStats,
-    training_families,
-)
+from gpufleet.agent.training_aggregate import training_families
+from gpufleet.agent.training_view import CheckpointCounts, JobCounts, RankCounts, StageCounts
 from gpufleet.exposition import CONTENT_TYPE, PrecompressedPart, render
 from gpufleet.gpu.catalogue import RETIRED_DBE, RETIRED_PENDING, RETIRED_SBE
 from gpufleet.gpu.render import gpu_families
 from gpufleet.gpu.snapshot import GpuIdentity, GpuReading, GpuSnapshot
 from gpufleet.gpu.xid import XidHistory, XidView
+from gpufleet.schema import agent as agent_schema
 from gpufleet.simulate.cluster import Cluster
 from gpufleet.simulate.ledger_feed import LedgerFeed
 
@@ -95,60 +90,52 @@ def xid_view(cluster: Cluster, node: int) -> XidView:
     return XidView(version=cluster.tick, watching=True, by_uuid=by_uuid)
 
 
-def job_state(cluster: Cluster, node: int) -> dict[str, JobState]:
-    """The node's job as the agent's aggregator would hold it."""
+def job_state(cluster: Cluster, node: int) -> dict[str, JobCounts]:
+    """The node's job, read from the cluster's arrays as the agent would show it."""
     if not cluster.training_visible(node):
         return {}
     t = cluster.training
-    stage = StageStats(len(cluster.bucket_bounds), cluster.start)
-    stage.steps = int(t.steps[node])
-    stage.step_seconds = float(t.step_seconds[node])
-    stage.compute_seconds = float(t.compute[node])
-    stage.data_wait_seconds = float(t.data_wait[node])
-    stage.comm_wait_seconds = float(t.comm_wait[node])
-    stage.tokens = int(t.tokens[node])
-    stage.slowest_compute_seconds = float(t.slowest_compute[node])
-    stage.slowest_steps = int(t.slowest_steps[node])
-    stage.last_step_time = float(t.last_step_time[node])
-    stage.last_step = cluster.step_number
-    stage.bucket_counts = [int(count) for count in t.buckets[node]]
-    stage.phase_steps = Counter({"train": stage.steps, "eval": int(t.eval_steps[node])})
-    stage.phase_seconds = {"train": stage.step_seconds, "eval": float(t.eval_seconds[node])}
     first_rank = node * cluster.gpus
-    stage.ranks = {
-        first_rank + gpu: RankStats(
-            int(t.rank_steps[node, gpu]), float(t.rank_compute[node, gpu]), stage.last_step_time
-        )
-        for gpu in range(cluster.gpus)
-    }
-    stage.active_ranks = int(t.ranks[node])
-    checkpoints = CheckpointStats()
-    checkpoints.outcomes["ok"] = int(t.ckpt_ok[node])
-    checkpoints.queue_wait_seconds = float(t.ckpt_queue[node])
-    checkpoints.service_seconds = float(t.ckpt_service[node])
-    checkpoints.bytes = int(t.ckpt_bytes[node])
-    checkpoints.in_flight = {
-        (first_rank + rank, "sim"): cluster.now for rank in range(int(t.ckpt_in_flight[node]))
-    }
-    job = JobState(last_seen=stage.last_step_time)
-    job.stages[int(cluster.stage[node])] = stage
-    job.checkpoints["save"] = checkpoints
+    last_step_time = float(t.last_step_time[node])
+    steps, step_seconds = int(t.steps[node]), float(t.step_seconds[node])
+    stage = StageCounts(
+        steps=steps,
+        step_seconds=step_seconds,
+        compute_seconds=float(t.compute[node]),
+        data_wait_seconds=float(t.data_wait[node]),
+        comm_wait_seconds=float(t.comm_wait[node]),
+        tokens=int(t.tokens[node]),
+        slowest_compute_seconds=float(t.slowest_compute[node]),
+        slowest_steps=int(t.slowest_steps[node]),
+        bucket_counts=tuple(int(count) for count in t.buckets[node]),
+        last_step_time=last_step_time,
+        last_step=cluster.step_number,
+        active_ranks=int(t.ranks[node]),
+        phase_steps={"train": steps, "eval": int(t.eval_steps[node])},
+        phase_seconds={"train": step_seconds, "eval": float(t.eval_seconds[node])},
+        ranks={
+            first_rank + gpu: RankCounts(
+                int(t.rank_steps[node, gpu]), float(t.rank_compute[node, gpu])
+            )
+            for gpu in range(cluster.gpus)
+        },
+    )
+    checkpoints = CheckpointCounts(
+        outcomes={"ok": int(t.ckpt_ok[node])},
+        queue_wait_seconds=float(t.ckpt_queue[node]),
+        service_seconds=float(t.ckpt_service[node]),
+        bytes=int(t.ckpt_bytes[node]),
+        in_flight=range(int(t.ckpt_in_flight[node])),  # only their number is shown
+    )
+    job = JobCounts({int(cluster.stage[node]): stage}, {"save": checkpoints})
     return {cluster.spec.job: job}
 
 
 def self_families(cluster: Cluster, node: int) -> list[Metric]:
     name = cluster.node_names[node]
-    info = GaugeMetricFamily(
-        "gpufleet_agent_info",
-        "The agent's version, node name and GPU source; the value is always 1.",
-        labels=["version", "node", "gpu_source"],
-    )
+    info = agent_schema.AGENT_INFO.gauge()
     info.add_metric([__version__, name, "simulated"], 1.0)
-    up = GaugeMetricFamily(
-        "gpufleet_collector_up",
-        "1 if the collector's last snapshot is fresh enough to be served.",
-        labels=["collector"],
-    )
+    up = agent_schema.COLLECTOR_UP.gauge()
     up.add_metric(["gpu"], 0.0 if cluster.nvml_hung[node] else 1.0)
     return [info, up]
 

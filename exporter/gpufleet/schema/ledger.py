@@ -1,0 +1,81 @@
+"""The fleet ledger's families: the counters the reliability rules read, and its self-report."""
+
+from __future__ import annotations
+
+from gpufleet.schema.family import MetricDef
+
+EXCLUSIONS = MetricDef(
+    "gpufleet_fleet_node_exclusions_total",
+    "counter",
+    "Node exclusions recorded in the ledger, by node, reason and source (auto, manual).",
+    ("node", "reason", "source"),
+)
+EXCLUDED = MetricDef(
+    "gpufleet_fleet_node_excluded",
+    "gauge",
+    "1 for each node currently excluded from service.",
+    ("node",),
+)
+EXCLUDED_NODES = MetricDef(
+    "gpufleet_fleet_excluded_nodes", "gauge", "Nodes currently excluded from service."
+)
+ATTEMPTS = MetricDef(
+    "gpufleet_fleet_job_attempts_total",
+    "counter",
+    "Job attempts by trigger (initial, auto, manual) and outcome "
+    "(success, failed, cancelled, running).",
+    ("training_job", "trigger", "outcome"),
+)
+DOWNTIME = MetricDef(
+    "gpufleet_fleet_recovery_downtime_seconds",
+    "histogram",
+    "Recovery downtime: from a failed attempt's end to the next attempt's first step, "
+    "by the next attempt's trigger.",
+    ("training_job", "trigger"),
+)
+CHAINS = MetricDef(
+    "gpufleet_fleet_retry_chains_total",
+    "counter",
+    "Closed retry chains (automatic attempts after a failure) by outcome: recovered, "
+    "manual (a person stepped in), abandoned.",
+    ("training_job", "outcome"),
+)
+CHAIN_FAILURES = MetricDef(
+    "gpufleet_fleet_retry_chain_failed_attempts",
+    "gauge",
+    "Failed automatic attempts in the job's open retry chain (0 when none is open).",
+    ("training_job",),
+)
+WRITES_REJECTED = MetricDef(
+    "gpufleet_fleet_writes_rejected_total",
+    "counter",
+    "Writes the ledger refused, by reason (unauthorized, not_loopback, bad_key, "
+    "too_large, invalid, conflict, node_cap, training_job_cap, reason_cap, "
+    "exclusion_series_cap, unavailable).",
+    ("reason",),
+)
+LABEL_VALUES = MetricDef(
+    "gpufleet_fleet_label_values",
+    "gauge",
+    "Distinct values of each capped label the ledger exports (they are never forgotten).",
+    ("label",),
+)
+LABEL_VALUES_LIMIT = MetricDef(
+    "gpufleet_fleet_label_values_limit",
+    "gauge",
+    "The cap on distinct values of each label; a write beyond it is refused (429).",
+    ("label",),
+)
+
+LEDGER_FAMILIES = (
+    EXCLUSIONS,
+    EXCLUDED,
+    EXCLUDED_NODES,
+    ATTEMPTS,
+    DOWNTIME,
+    CHAINS,
+    CHAIN_FAILURES,
+    WRITES_REJECTED,
+    LABEL_VALUES,
+    LABEL_VALUES_LIMIT,
+)
