@@ -1,4 +1,6 @@
-"""Prometheus text exposition (format 0.0.4) rendered from plain families.
+"""Prometheus text exposition (format 0.0.4) rendered from plain families, and the
+OpenMetrics stream the simulator's history is written as: one place escapes label
+values and writes NaN and infinities.
 
 The GPU families are rendered once per NVML snapshot and the bytes are served to
 every scrape until the next snapshot, so this renderer is independent of
@@ -14,7 +16,7 @@ import struct
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TextIO
 
 MetricKind = Literal["gauge", "counter", "histogram", "summary", "untyped"]
 
@@ -75,6 +77,43 @@ def render(families: Iterable[Family]) -> bytes:
         return b""
     lines.append("")
     return "\n".join(lines).encode("utf-8")
+
+
+class OpenMetricsWriter:
+    """Streams OpenMetrics with a timestamp on every sample, as
+    ``promtool tsdb create-blocks-from openmetrics`` reads it.
+
+    A family is declared once, then its series follow; OpenMetrics wants a counter's
+    family name without ``_total`` and its samples with it (``MetricDef.openmetrics``).
+    """
+
+    def __init__(self, handle: TextIO) -> None:
+        self.handle = handle
+        self.samples = 0
+
+    def family(self, name: str, kind: str, help_text: str) -> None:
+        # OpenMetrics escapes a HELP text as it does a label value (quotes too).
+        self.handle.write(f"# HELP {name} {escape_label_value(help_text)}\n# TYPE {name} {kind}\n")
+
+    def series(
+        self,
+        sample: str,
+        labels: Sequence[tuple[str, str]],
+        values: Sequence[float],
+        stamps: Sequence[str],
+    ) -> None:
+        """One series: ``values[i]`` at Unix time ``stamps[i]`` (already formatted)."""
+        prefix = f"{sample}{{{format_labels(labels)}}} " if labels else f"{sample} "
+        self.handle.write(
+            "".join(
+                f"{prefix}{format_value(value)} {stamp}\n"
+                for value, stamp in zip(values, stamps, strict=True)
+            )
+        )
+        self.samples += len(values)
+
+    def close(self) -> None:
+        self.handle.write("# EOF\n")
 
 
 _GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"

@@ -15,28 +15,33 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpufleet.agent.training_aggregate import DEFAULT_STEP_BUCKETS
+from gpufleet.gpu import catalogue as cat
 from gpufleet.simulate.config import Scenario
 from gpufleet.simulate.faults import CAUSES_BY_NAME, Effect, Episode, Kind
 from gpufleet.simulate.timeline import Timeline, Window, build_timeline
 
-# Per-GPU error counters, by the DCGM field they feed.
-GPU_COUNTERS = (
-    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
-    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
-    "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
-    "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
-    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
-    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
-    "DCGM_FI_DEV_ROW_REMAP_PENDING",
-    "DCGM_FI_DEV_ROW_REMAP_FAILURE",
-    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
-    "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
-    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
-    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
-    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+# Per-GPU error counters, by the DCGM field they feed (names from the GPU catalogue;
+# the fault code below indexes ``counters`` by name, so a misspelt one raises KeyError).
+GPU_COUNTERS = tuple(
+    metric.name
+    for metric in (
+        cat.ECC_SBE_VOL,
+        cat.ECC_DBE_VOL,
+        cat.ECC_SBE_AGG,
+        cat.ECC_DBE_AGG,
+        cat.CORRECTABLE_REMAPPED_ROWS,
+        cat.UNCORRECTABLE_REMAPPED_ROWS,
+        cat.ROW_REMAP_PENDING,
+        cat.ROW_REMAP_FAILURE,
+        cat.NVLINK_CRC_FLIT,
+        cat.NVLINK_CRC_DATA,
+        cat.NVLINK_REPLAY,
+        cat.NVLINK_RECOVERY,
+        cat.PCIE_REPLAY,
+    )
 )
 # Volatile counters reset when the GPU is reset (after a repair).
-_VOLATILE = ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL")
+_VOLATILE = (cat.ECC_SBE_VOL.name, cat.ECC_DBE_VOL.name)
 HW_SLOWDOWN = 0x8
 HW_THERMAL = 0x40
 HW_POWER_BRAKE = 0x80

@@ -31,7 +31,13 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from gpufleet.exposition import OpenMetricsWriter
+from gpufleet.gpu import catalogue as cat
 from gpufleet.gpu.catalogue import GPU_LABELS
+from gpufleet.schema import agent as agent_schema
+from gpufleet.schema import training as ts
+from gpufleet.schema.external import UP
+from gpufleet.schema.family import MetricDef
 from gpufleet.simulate.cluster import GPU_COUNTERS, HW_POWER_BRAKE, HW_SLOWDOWN, HW_THERMAL, Cluster
 from gpufleet.simulate.config import Scenario
 from gpufleet.simulate.faults import CAUSES_BY_NAME, Effect, Kind
@@ -43,36 +49,40 @@ _THROTTLE_FLAGS = (
     ("hw_thermal_slowdown", HW_THERMAL),
     ("hw_power_brake_slowdown", HW_POWER_BRAKE),
 )
-_NODE_TRAINING = (
-    # (family, sample suffix, OpenMetrics type, NodeTraining attribute)
-    ("gpufleet_training_steps", "_total", "counter", "steps"),
-    ("gpufleet_training_step_seconds", "_total", "counter", "step_seconds"),
-    ("gpufleet_training_compute_seconds", "_total", "counter", "compute"),
-    ("gpufleet_training_data_wait_seconds", "_total", "counter", "data_wait"),
-    ("gpufleet_training_collective_wait_seconds", "_total", "counter", "comm_wait"),
-    ("gpufleet_training_tokens", "_total", "counter", "tokens"),
-    ("gpufleet_training_slowest_rank_compute_seconds", "_total", "counter", "slowest_compute"),
-    ("gpufleet_training_slowest_rank_steps", "_total", "counter", "slowest_steps"),
-    ("gpufleet_training_last_step_timestamp_seconds", "", "gauge", "last_step_time"),
-    ("gpufleet_training_ranks", "", "gauge", "ranks"),
+_NODE_TRAINING: tuple[tuple[MetricDef, str], ...] = (
+    # (family, NodeTraining attribute)
+    (ts.STEPS, "steps"),
+    (ts.STEP_SECONDS, "step_seconds"),
+    (ts.COMPUTE_SECONDS, "compute"),
+    (ts.DATA_WAIT_SECONDS, "data_wait"),
+    (ts.COLLECTIVE_WAIT_SECONDS, "comm_wait"),
+    (ts.TOKENS, "tokens"),
+    (ts.SLOWEST_RANK_COMPUTE_SECONDS, "slowest_compute"),
+    (ts.SLOWEST_RANK_STEPS, "slowest_steps"),
+    (ts.LAST_STEP_TIMESTAMP, "last_step_time"),
+    (ts.RANKS, "ranks"),
 )
 # Per-GPU gauges written with ``gpu_gauges`` (what the node dashboard draws).
-GPU_GAUGES = (
-    "DCGM_FI_DEV_GPU_UTIL",
-    "DCGM_FI_PROF_SM_ACTIVE",
-    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
-    "DCGM_FI_DEV_GPU_TEMP",
-    "DCGM_FI_DEV_MEMORY_TEMP",
-    "DCGM_FI_DEV_POWER_USAGE",
-    "DCGM_FI_DEV_SM_CLOCK",
-    "DCGM_FI_DEV_MEM_CLOCK",
+GPU_GAUGES = tuple(
+    metric.name
+    for metric in (
+        cat.GPU_UTIL,
+        cat.SM_ACTIVE,
+        cat.PIPE_TENSOR_ACTIVE,
+        cat.GPU_TEMP,
+        cat.MEMORY_TEMP,
+        cat.POWER_USAGE,
+        cat.SM_CLOCK,
+        cat.MEM_CLOCK,
+    )
 )
-_NODE_CHECKPOINT = (
-    ("gpufleet_checkpoint_queue_wait_seconds", "_total", "counter", "ckpt_queue"),
-    ("gpufleet_checkpoint_service_seconds", "_total", "counter", "ckpt_service"),
-    ("gpufleet_checkpoint_bytes", "_total", "counter", "ckpt_bytes"),
-    ("gpufleet_checkpoint_in_flight", "", "gauge", "ckpt_in_flight"),
+_NODE_CHECKPOINT: tuple[tuple[MetricDef, str], ...] = (
+    (ts.CHECKPOINT_QUEUE_WAIT_SECONDS, "ckpt_queue"),
+    (ts.CHECKPOINT_SERVICE_SECONDS, "ckpt_service"),
+    (ts.CHECKPOINT_BYTES, "ckpt_bytes"),
+    (ts.CHECKPOINT_IN_FLIGHT, "ckpt_in_flight"),
 )
+_GPU_METRICS = {metric.name: metric for metric in cat.GPU_FAMILIES}
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,8 +143,7 @@ class _Recorder:
         self.seen = np.full((ticks, count), np.nan)
         self.collector_up = np.full((ticks, count), np.nan)
         self.node_series = {
-            attr: np.full((ticks, count), np.nan)
-            for _, _, _, attr in _NODE_TRAINING + _NODE_CHECKPOINT
+            attr: np.full((ticks, count), np.nan) for _, attr in _NODE_TRAINING + _NODE_CHECKPOINT
         }
         self.ckpt_ok = np.full((ticks, count), np.nan)
         mine = self.mine = set(nodes)
@@ -172,7 +181,7 @@ class _Recorder:
         self.collector_up[tick] = np.where(alive, (~hung).astype(float), np.nan)
         training = cluster.training
         visible = np.array([cluster.training_visible(n) for n in nodes]) & alive
-        for _, _, _, attr in _NODE_TRAINING + _NODE_CHECKPOINT:
+        for _, attr in _NODE_TRAINING + _NODE_CHECKPOINT:
             values = getattr(training, attr)[nodes]
             self.node_series[attr][tick] = np.where(visible, values, np.nan)
         self.ckpt_ok[tick] = np.where(visible, training.ckpt_ok[nodes], np.nan)
@@ -195,10 +204,6 @@ class _Recorder:
         self.tick += 1
 
 
-def _labels(pairs: list[tuple[str, str]]) -> str:
-    return ",".join(f'{key}="{value}"' for key, value in pairs)
-
-
 def _gpu_labels(cluster: Cluster, node: int, gpu: int) -> list[tuple[str, str]]:
     name = cluster.node_names[node]
     values = (
@@ -212,34 +217,22 @@ def _gpu_labels(cluster: Cluster, node: int, gpu: int) -> list[tuple[str, str]]:
     return [*zip(GPU_LABELS, values, strict=True), ("instance", name), ("job", JOB_LABEL)]
 
 
-class _Writer:
+class _Writer(OpenMetricsWriter):
+    """The one OpenMetrics writer, fed from the recorder's arrays: NaN there means the
+    series had no sample at that tick (the node was down, the job not yet visible)."""
+
     def __init__(self, handle: TextIO, times: np.ndarray) -> None:
-        self.handle = handle
+        super().__init__(handle)
         self.stamps = [str(int(t)) for t in times]
-        self.samples = 0
-        self._family: str | None = None
 
-    def family(self, name: str, kind: str, help_text: str) -> None:
-        self.handle.write(f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n")
+    def declare(self, metric: MetricDef) -> None:
+        self.family(*metric.openmetrics(), metric.help)
 
-    def series(self, sample: str, labels: list[tuple[str, str]], values: np.ndarray) -> None:
-        prefix = f"{sample}{{{_labels(labels)}}} "
-        present = np.flatnonzero(~np.isnan(values))
-        if not len(present):
-            return
-        stamps = self.stamps
-        numbers = values[present].tolist()
-        self.handle.write(
-            "".join(
-                f"{prefix}{_number(v)} {stamps[i]}\n"
-                for v, i in zip(numbers, present.tolist(), strict=True)
-            )
-        )
-        self.samples += len(present)
-
-
-def _number(value: float) -> str:
-    return str(int(value)) if value.is_integer() and abs(value) < 1e15 else repr(value)
+    def present(self, sample: str, labels: list[tuple[str, str]], values: np.ndarray) -> None:
+        where = np.flatnonzero(~np.isnan(values))
+        if len(where):
+            stamps = self.stamps
+            self.series(sample, labels, values[where].tolist(), [stamps[i] for i in where.tolist()])
 
 
 def _write_shard(recorder: _Recorder, path: Path) -> int:
@@ -249,28 +242,25 @@ def _write_shard(recorder: _Recorder, path: Path) -> int:
         names = [cluster.node_names[n] for n in recorder.nodes]
         node_labels = [[("instance", name), ("job", JOB_LABEL)] for name in names]
 
-        out.family("up", "gauge", "Whether the node's agent answered its scrape.")
+        out.declare(UP)
         for column, labels in enumerate(node_labels):
-            out.series("up", labels, recorder.up[:, column])
+            out.present(UP.name, labels, recorder.up[:, column])
 
-        out.family("gpufleet_gpu_up", "gauge", "1 if NVML answers for this GPU.")
+        out.declare(cat.GPU_UP)
         for column, node in enumerate(recorder.nodes):
             for gpu in range(cluster.gpus):
-                out.series(
-                    "gpufleet_gpu_up",
+                out.present(
+                    cat.GPU_UP.name,
                     _gpu_labels(cluster, node, gpu),
                     recorder.gpu_up[:, column, gpu],
                 )
         for name, gauge in recorder.gauges.items():
-            out.family(name, "gauge", f"dcgm-exporter's {name}.")
+            out.declare(_GPU_METRICS[name])
             for column, node in enumerate(recorder.nodes):
                 for gpu in range(cluster.gpus):
-                    out.series(name, _gpu_labels(cluster, node, gpu), gauge[:, column, gpu])
-        for family, array in (
-            ("gpufleet_gpus_seen", recorder.seen),
-            ("gpufleet_gpus_expected", None),
-        ):
-            out.family(family, "gauge", "GPUs seen / expected on the node.")
+                    out.present(name, _gpu_labels(cluster, node, gpu), gauge[:, column, gpu])
+        for metric, array in ((cat.GPUS_SEEN, recorder.seen), (cat.GPUS_EXPECTED, None)):
+            out.declare(metric)
             for column, name in enumerate(names):
                 values = (
                     array[:, column]
@@ -281,18 +271,17 @@ def _write_shard(recorder: _Recorder, path: Path) -> int:
                         cluster.gpus,
                     )
                 )
-                out.series(family, [("Hostname", name), *node_labels[column]], values)
-        out.family("gpufleet_collector_up", "gauge", "1 if the collector's snapshot is fresh.")
+                out.present(metric.name, [(cat.NODE_LABEL, name), *node_labels[column]], values)
+        collector_up = agent_schema.COLLECTOR_UP
+        out.declare(collector_up)
         for column, labels in enumerate(node_labels):
-            out.series(
-                "gpufleet_collector_up",
-                [("collector", "gpu"), *labels],
-                recorder.collector_up[:, column],
+            out.present(
+                collector_up.name, [("collector", "gpu"), *labels], recorder.collector_up[:, column]
             )
 
         job = cluster.spec.job
-        for family, suffix, kind, attr in _NODE_TRAINING:
-            out.family(family, kind, f"See the agent's {family}.")
+        for metric, attr in _NODE_TRAINING:
+            out.declare(metric)
             for column, node in enumerate(recorder.nodes):
                 labels = [
                     ("training_job", job),
@@ -300,8 +289,8 @@ def _write_shard(recorder: _Recorder, path: Path) -> int:
                     ("pp_stage", str(cluster.stage[node])),
                     *node_labels[column],
                 ]
-                out.series(family + suffix, labels, recorder.node_series[attr][:, column])
-        out.family("gpufleet_checkpoint_operations", "counter", "Completed checkpoint operations.")
+                out.present(metric.name, labels, recorder.node_series[attr][:, column])
+        out.declare(ts.CHECKPOINT_OPERATIONS)
         for column in range(len(names)):
             labels = [
                 ("training_job", job),
@@ -310,9 +299,9 @@ def _write_shard(recorder: _Recorder, path: Path) -> int:
                 ("outcome", "ok"),
                 *node_labels[column],
             ]
-            out.series("gpufleet_checkpoint_operations_total", labels, recorder.ckpt_ok[:, column])
-        for family, suffix, kind, attr in _NODE_CHECKPOINT:
-            out.family(family, kind, f"See the agent's {family}.")
+            out.present(ts.CHECKPOINT_OPERATIONS.name, labels, recorder.ckpt_ok[:, column])
+        for metric, attr in _NODE_CHECKPOINT:
+            out.declare(metric)
             for column in range(len(names)):
                 labels = [
                     ("training_job", job),
@@ -320,15 +309,15 @@ def _write_shard(recorder: _Recorder, path: Path) -> int:
                     ("op", "save"),
                     *node_labels[column],
                 ]
-                out.series(family + suffix, labels, recorder.node_series[attr][:, column])
+                out.present(metric.name, labels, recorder.node_series[attr][:, column])
 
         for name in GPU_COUNTERS:
-            out.family(name, "unknown", f"dcgm-exporter's {name}.")
+            out.declare(_GPU_METRICS[name])
             for slot, (node, gpu) in enumerate(recorder.touched):
-                out.series(
+                out.present(
                     name, _gpu_labels(cluster, node, gpu), recorder.gpu_counters[name][:, slot]
                 )
-        out.family("gpufleet_gpu_clock_throttle_active", "gauge", "1 while clocks are held down.")
+        out.declare(cat.THROTTLE_ACTIVE)
         for slot, (node, gpu) in enumerate(recorder.touched):
             bits = recorder.throttle[:, slot]
             for reason, bit in _THROTTLE_FLAGS:
@@ -336,19 +325,17 @@ def _write_shard(recorder: _Recorder, path: Path) -> int:
                     np.isnan(bits), np.nan, (np.nan_to_num(bits).astype(np.int64) & bit) > 0
                 )
                 labels = [*_gpu_labels(cluster, node, gpu), ("reason", reason)]
-                out.series("gpufleet_gpu_clock_throttle_active", labels, flag.astype(float))
-        out.family("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered.")
+                out.present(cat.THROTTLE_ACTIVE.name, labels, flag.astype(float))
+        out.declare(cat.XID_LAST)
         for slot, (node, gpu) in enumerate(recorder.touched):
-            out.series(
-                "DCGM_FI_DEV_XID_ERRORS",
-                _gpu_labels(cluster, node, gpu),
-                recorder.xid_last[:, slot],
+            out.present(
+                cat.XID_LAST.name, _gpu_labels(cluster, node, gpu), recorder.xid_last[:, slot]
             )
-        out.family("gpufleet_gpu_xid_errors", "counter", "XID errors per XID code.")
+        out.declare(cat.XID_TOTAL)
         for (node, gpu, xid), values in sorted(recorder.xid_counts.items()):
             labels = [*_gpu_labels(cluster, node, gpu), ("xid", str(xid))]
-            out.series("gpufleet_gpu_xid_errors_total", labels, values)
-        handle.write("# EOF\n")
+            out.present(cat.XID_TOTAL.name, labels, values)
+        out.close()
         return out.samples  # fmt: skip
 
 
