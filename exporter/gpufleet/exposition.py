@@ -37,12 +37,14 @@ def format_labels(labels: Sequence[tuple[str, str]]) -> str:
 
 
 def format_value(value: float) -> str:
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    if value == int(value) and abs(value) < 1e15:
-        return str(int(value))
+    # int() first: most samples are whole counts, and only NaN and infinities refuse it
+    # (the history writes millions of values through here).
+    try:
+        whole = int(value)
+    except (ValueError, OverflowError):
+        return "NaN" if math.isnan(value) else ("+Inf" if value > 0 else "-Inf")
+    if whole == value and -1e15 < value < 1e15:
+        return str(whole)
     return repr(float(value))
 
 

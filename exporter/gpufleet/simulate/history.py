@@ -230,7 +230,9 @@ class _Writer(OpenMetricsWriter):
 
     def present(self, sample: str, labels: list[tuple[str, str]], values: np.ndarray) -> None:
         where = np.flatnonzero(~np.isnan(values))
-        if len(where):
+        if len(where) == len(values):
+            self.series(sample, labels, values.tolist(), self.stamps)
+        elif len(where):
             stamps = self.stamps
             self.series(sample, labels, values[where].tolist(), [stamps[i] for i in where.tolist()])
 
