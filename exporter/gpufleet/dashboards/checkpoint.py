@@ -20,6 +20,7 @@ from gpufleet.dashboards.common import (
 )
 from gpufleet.dashboards.names import Recorded
 from gpufleet.rules.config import RulesConfig
+from gpufleet.schema import training as ts
 
 UID = "gpufleet-checkpoint"
 JOB = 'training_job="$training_job"'
@@ -33,8 +34,8 @@ def build(config: RulesConfig) -> dm.Dashboard:
     def rate(name: str, by: str) -> str:
         return f"sum by ({by}) (rate({name}{{{raw}}}[$__rate_interval]))"
 
-    queue = "gpufleet_checkpoint_queue_wait_seconds_total"
-    ops = "gpufleet_checkpoint_operations_total"
+    queue = ts.CHECKPOINT_QUEUE_WAIT_SECONDS.name
+    ops = ts.CHECKPOINT_OPERATIONS.name
     grid = Grid()
     grid.add(
         timeseries_panel(
@@ -96,7 +97,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
             "short",
             targets(
                 (
-                    f"sum by (training_job) (gpufleet_checkpoint_in_flight{{{raw}}})",
+                    f"sum by (training_job) ({ts.CHECKPOINT_IN_FLIGHT.name}{{{raw}}})",
                     "writers in flight",
                 ),
                 (rate(queue, "training_job"), "queue wait (s/s)"),
@@ -149,7 +150,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
             query_variable(
                 "training_job",
                 "Training job",
-                f"label_values(gpufleet_checkpoint_operations_total{{{sel(config.agent_selector)}}}, training_job)",
+                f"label_values({ts.CHECKPOINT_OPERATIONS.name}{{{sel(config.agent_selector)}}}, training_job)",
             )
         ],
         grid,

@@ -22,9 +22,12 @@ from gpufleet.dashboards.common import (
     timeseries_panel,
 )
 from gpufleet.dashboards.names import Recorded
+from gpufleet.gpu import catalogue as cat
 from gpufleet.rules.common import Record
 from gpufleet.rules.config import RulesConfig
 from gpufleet.rules.health import HEALTH_SIGNAL, health_recording
+from gpufleet.schema import ledger
+from gpufleet.schema import training as ts
 
 UID = "gpufleet-node"
 NODE = 'node="$node"'
@@ -70,30 +73,30 @@ def build(config: RulesConfig) -> dm.Dashboard:
         "GPU utilisation",
         "Percent of time a kernel ran, per GPU.",
         "percent",
-        ("DCGM_FI_DEV_GPU_UTIL", GPU_LEGEND),
+        (cat.GPU_UTIL.name, GPU_LEGEND),
     )
     gpu_panel(
         "SM and tensor activity",
         "Share of cycles with an SM busy and with a tensor pipe busy (profiling fields; "
         "absent where the GPU or driver lacks them).",
         "percentunit",
-        ("DCGM_FI_PROF_SM_ACTIVE", GPU_LEGEND + " SM"),
-        ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", GPU_LEGEND + " tensor"),
+        (cat.SM_ACTIVE.name, GPU_LEGEND + " SM"),
+        (cat.PIPE_TENSOR_ACTIVE.name, GPU_LEGEND + " tensor"),
     )
     gpu_panel(
         "Temperatures",
         "GPU die and HBM temperature.",
         "celsius",
-        ("DCGM_FI_DEV_GPU_TEMP", GPU_LEGEND),
-        ("DCGM_FI_DEV_MEMORY_TEMP", GPU_LEGEND + " memory"),
+        (cat.GPU_TEMP.name, GPU_LEGEND),
+        (cat.MEMORY_TEMP.name, GPU_LEGEND + " memory"),
     )
-    gpu_panel("Power", "Power draw per GPU.", "watt", ("DCGM_FI_DEV_POWER_USAGE", GPU_LEGEND))
+    gpu_panel("Power", "Power draw per GPU.", "watt", (cat.POWER_USAGE.name, GPU_LEGEND))
     gpu_panel(
         "Clocks",
         "SM and memory clocks: a clock held low is a slow GPU.",
         "rotmhz",
-        ("DCGM_FI_DEV_SM_CLOCK", GPU_LEGEND + " SM"),
-        ("DCGM_FI_DEV_MEM_CLOCK", GPU_LEGEND + " memory"),
+        (cat.SM_CLOCK.name, GPU_LEGEND + " SM"),
+        (cat.MEM_CLOCK.name, GPU_LEGEND + " memory"),
     )
     grid.add(
         timeseries_panel(
@@ -104,7 +107,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
             "short",
             targets(
                 (
-                    this_node(config, "gpufleet_gpu_clock_throttle_active", "node, gpu, reason")
+                    this_node(config, cat.THROTTLE_ACTIVE.name, "node, gpu, reason")
                     + f"\nor {r.hw_slowdown}{{{sel(NODE)}}}",
                     GPU_LEGEND + " {{reason}}",
                 ),
@@ -118,8 +121,8 @@ def build(config: RulesConfig) -> dm.Dashboard:
         "Single- and double-bit volatile ECC errors per interval. Any "
         "double-bit error pages (GpuFleetEccUncorrectable).",
         "short",
-        ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", GPU_LEGEND + " single-bit"),
-        ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", GPU_LEGEND + " double-bit"),
+        (cat.ECC_SBE_VOL.name, GPU_LEGEND + " single-bit"),
+        (cat.ECC_DBE_VOL.name, GPU_LEGEND + " double-bit"),
         wrap=increase,
     )
     gpu_panel(
@@ -128,19 +131,19 @@ def build(config: RulesConfig) -> dm.Dashboard:
         f"failed flags. {config.remaps_climbing_min} correctable remaps in "
         f"{config.remaps_climbing_window} page (GpuFleetCorrectableRemapsClimbing).",
         "short",
-        ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", GPU_LEGEND + " correctable"),
-        ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", GPU_LEGEND + " uncorrectable"),
-        ("DCGM_FI_DEV_ROW_REMAP_PENDING", GPU_LEGEND + " pending"),
-        ("DCGM_FI_DEV_ROW_REMAP_FAILURE", GPU_LEGEND + " failed"),
+        (cat.CORRECTABLE_REMAPPED_ROWS.name, GPU_LEGEND + " correctable"),
+        (cat.UNCORRECTABLE_REMAPPED_ROWS.name, GPU_LEGEND + " uncorrectable"),
+        (cat.ROW_REMAP_PENDING.name, GPU_LEGEND + " pending"),
+        (cat.ROW_REMAP_FAILURE.name, GPU_LEGEND + " failed"),
     )
     gpu_panel(
         "NVLink errors",
         "NVLink CRC, replay and recovery errors per interval.",
         "short",
-        ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", GPU_LEGEND + " CRC flit"),
-        ("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", GPU_LEGEND + " CRC data"),
-        ("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", GPU_LEGEND + " replay"),
-        ("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", GPU_LEGEND + " recovery"),
+        (cat.NVLINK_CRC_FLIT.name, GPU_LEGEND + " CRC flit"),
+        (cat.NVLINK_CRC_DATA.name, GPU_LEGEND + " CRC data"),
+        (cat.NVLINK_REPLAY.name, GPU_LEGEND + " replay"),
+        (cat.NVLINK_RECOVERY.name, GPU_LEGEND + " recovery"),
         wrap=increase,
     )
     gpu_panel(
@@ -148,7 +151,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
         f"PCIe packet replays per interval; {config.pcie_replays_min} in "
         f"{config.pcie_window} page (GpuFleetPcieReplays).",
         "short",
-        ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", GPU_LEGEND),
+        (cat.PCIE_REPLAY.name, GPU_LEGEND),
         wrap=increase,
     )
     grid.add(
@@ -163,10 +166,10 @@ def build(config: RulesConfig) -> dm.Dashboard:
         7,
     )
     gpu_panel(
-        "GPU answering (gpufleet_gpu_up)",
+        f"GPU answering ({cat.GPU_UP.name})",
         "1 while NVML answers for the GPU; 0 is a lost GPU (GpuFleetGpuLost).",
         "short",
-        ("gpufleet_gpu_up", GPU_LEGEND),
+        (cat.GPU_UP.name, GPU_LEGEND),
     )
     grid.add(
         timeseries_panel(
@@ -210,11 +213,11 @@ def build(config: RulesConfig) -> dm.Dashboard:
             "s",
             targets(
                 (
-                    f"sum by (node, op) (rate(gpufleet_checkpoint_queue_wait_seconds_total{{{ckpt}}}[$__rate_interval]))",
+                    f"sum by (node, op) (rate({ts.CHECKPOINT_QUEUE_WAIT_SECONDS.name}{{{ckpt}}}[$__rate_interval]))",
                     "{{node}} {{op}} queued",
                 ),
                 (
-                    f"sum by (node, op) (rate(gpufleet_checkpoint_service_seconds_total{{{ckpt}}}[$__rate_interval]))",
+                    f"sum by (node, op) (rate({ts.CHECKPOINT_SERVICE_SECONDS.name}{{{ckpt}}}[$__rate_interval]))",
                     "{{node}} {{op}} served",
                 ),
             ),
@@ -231,7 +234,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
             "short",
             [
                 target(
-                    f"sum by (node, reason, source) (gpufleet_fleet_node_exclusions_total{{{sel(config.fleet_selector, NODE)}}})",
+                    f"sum by (node, reason, source) ({ledger.EXCLUSIONS.name}{{{sel(config.fleet_selector, NODE)}}})",
                     instant=True,
                 )
             ],

@@ -18,7 +18,9 @@ from gpufleet.dashboards.common import (
     timeseries_panel,
 )
 from gpufleet.dashboards.names import Recorded
+from gpufleet.gpu import catalogue as cat
 from gpufleet.rules.config import RulesConfig
+from gpufleet.schema import ledger
 
 UID = "gpufleet-overview"
 
@@ -29,7 +31,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
     agent = sel(config.agent_selector)
     up_nodes = f'label_replace(up{{{agent}}}, "node", "$1", "instance", "([^:]+).*")'
     degraded = f"{r.health}{{{c}}} >= {config.health_threshold:g}"
-    excluded = f"gpufleet_fleet_node_excluded{{{sel(config.fleet_selector)}}} == 1"
+    excluded = f"{ledger.EXCLUDED.name}{{{sel(config.fleet_selector)}}} == 1"
     firing = sel('alertstate="firing"', 'alertname=~"GpuFleet.*"')
     grid = Grid()
     counts = [
@@ -70,9 +72,9 @@ def build(config: RulesConfig) -> dm.Dashboard:
             "A gap is a missing or lost GPU.",
             "short",
             targets(
-                (f"sum(gpufleet_gpus_expected{{{sel(config.gpu_selector)}}})", "expected"),
-                (f"sum(gpufleet_gpus_seen{{{sel(config.gpu_selector)}}})", "seen"),
-                (f"sum(gpufleet_gpu_up{{{sel(config.gpu_selector)}}})", "answering"),
+                (f"sum({cat.GPUS_EXPECTED.name}{{{sel(config.gpu_selector)}}})", "expected"),
+                (f"sum({cat.GPUS_SEEN.name}{{{sel(config.gpu_selector)}}})", "seen"),
+                (f"sum({cat.GPU_UP.name}{{{sel(config.gpu_selector)}}})", "answering"),
             ),
         ),
         8,

@@ -20,6 +20,7 @@ from gpufleet.dashboards.common import (
 )
 from gpufleet.dashboards.names import Recorded
 from gpufleet.rules.config import RulesConfig
+from gpufleet.schema import ledger
 
 UID = "gpufleet-reliability"
 JOB = 'training_job="$training_job"'
@@ -77,8 +78,8 @@ def build(config: RulesConfig) -> dm.Dashboard:
             "s",
             [
                 target(
-                    f"sum by (trigger) (gpufleet_fleet_recovery_downtime_seconds_sum{{{fleet}}})\n"
-                    f"/ sum by (trigger) (gpufleet_fleet_recovery_downtime_seconds_count{{{fleet}}})",
+                    f"sum by (trigger) ({ledger.DOWNTIME.name}_sum{{{fleet}}})\n"
+                    f"/ sum by (trigger) ({ledger.DOWNTIME.name}_count{{{fleet}}})",
                     "{{trigger}}",
                 )
             ],
@@ -138,7 +139,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
             "short",
             [
                 target(
-                    f"sum by (training_job, trigger, outcome) (gpufleet_fleet_job_attempts_total{{{fleet}}})",
+                    f"sum by (training_job, trigger, outcome) ({ledger.ATTEMPTS.name}{{{fleet}}})",
                     instant=True,
                     ref="A",
                 ),
@@ -157,7 +158,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
             "short",
             [
                 target(
-                    f"sum by (training_job, outcome) (gpufleet_fleet_retry_chains_total{{{fleet}}})",
+                    f"sum by (training_job, outcome) ({ledger.CHAINS.name}{{{fleet}}})",
                     instant=True,
                     ref="A",
                 ),
