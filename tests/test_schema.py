@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gpufleet.exposition import MetricKind
 from gpufleet.gpu.fake import FakeNvml
 from gpufleet.schema.external import DCGM_EXPORTER_ONLY
 from gpufleet.schema.index import known_series, series_names
@@ -279,3 +280,24 @@ def test_openmetrics_escapes_label_values_and_writes_nan_and_infinities(tmp_path
         check=False,
     )
     assert blocks.returncode == 0, blocks.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "expected"),
+    [
+        ("gpufleet_training_steps_total", "counter", ("gpufleet_training_steps", "counter")),
+        (
+            "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+            "counter",
+            ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "unknown"),
+        ),
+        ("gpufleet_gpu_up", "gauge", ("gpufleet_gpu_up", "gauge")),
+        ("x", "untyped", ("x", "unknown")),
+    ],
+)
+def test_openmetrics_names_counters_by_their_family(
+    name: str, kind: MetricKind, expected: tuple[str, str]
+) -> None:
+    from gpufleet.schema.family import MetricDef
+
+    assert MetricDef(name, kind, "help").openmetrics() == expected

@@ -39,7 +39,7 @@ class MetricDef:
             if self.name.endswith("_total"):
                 return self.name.removesuffix("_total"), "counter"
             return self.name, "unknown"
-        return self.name, self.kind
+        return self.name, "unknown" if self.kind == "untyped" else self.kind
 
     def _check(self, kind: MetricKind) -> None:
         if self.kind != kind:
