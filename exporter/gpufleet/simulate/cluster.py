@@ -20,8 +20,7 @@ from gpufleet.simulate.config import Scenario
 from gpufleet.simulate.faults import CAUSES_BY_NAME, Effect, Episode, Kind
 from gpufleet.simulate.timeline import Timeline, Window, build_timeline
 
-# Per-GPU error counters, by the DCGM field they feed (names from the GPU catalogue;
-# the fault code below indexes ``counters`` by name, so a misspelt one raises KeyError).
+# Per-GPU error counters, by the DCGM field (GPU catalogue entry) they feed.
 GPU_COUNTERS = tuple(
     metric.name
     for metric in (
@@ -210,12 +209,12 @@ class Cluster:
     def _uncorrectable_hbm_error(self, node: int, gpu: int) -> None:
         """A double-bit HBM error: counted, its row remapped, the remap pending a reset."""
         for name in (
-            "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
-            "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
-            "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+            cat.ECC_DBE_VOL.name,
+            cat.ECC_DBE_AGG.name,
+            cat.UNCORRECTABLE_REMAPPED_ROWS.name,
         ):
             self.counters[name][node, gpu] += 1
-        self.counters["DCGM_FI_DEV_ROW_REMAP_PENDING"][node, gpu] = 1
+        self.counters[cat.ROW_REMAP_PENDING.name][node, gpu] = 1
 
     def _apply_fail_stop(self, episode: Episode) -> None:
         assert episode.node is not None and episode.gpu is not None and episode.cause
@@ -229,25 +228,17 @@ class Cluster:
         if effect == Effect.GPU_LOST:
             self.gpu_lost[node, gpu] = True
         elif effect == Effect.NVLINK:
-            counters["DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL"][node, gpu] += rng.integers(
-                50, 500
-            )
-            counters["DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL"][node, gpu] += rng.integers(
-                1, 10
-            )
-            counters["DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"][node, gpu] += rng.integers(
-                100, 5000
-            )
-            counters["DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL"][node, gpu] += rng.integers(
-                10, 500
-            )
+            counters[cat.NVLINK_REPLAY.name][node, gpu] += rng.integers(50, 500)
+            counters[cat.NVLINK_RECOVERY.name][node, gpu] += rng.integers(1, 10)
+            counters[cat.NVLINK_CRC_FLIT.name][node, gpu] += rng.integers(100, 5000)
+            counters[cat.NVLINK_CRC_DATA.name][node, gpu] += rng.integers(10, 500)
         elif effect == Effect.HBM_ECC:
             self._uncorrectable_hbm_error(node, gpu)
             if episode.xid == 64:
-                counters["DCGM_FI_DEV_ROW_REMAP_FAILURE"][node, gpu] = 1
+                counters[cat.ROW_REMAP_FAILURE.name][node, gpu] = 1
         elif effect == Effect.SRAM_ECC:
-            counters["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"][node, gpu] += 1
-            counters["DCGM_FI_DEV_ECC_DBE_AGG_TOTAL"][node, gpu] += 1
+            counters[cat.ECC_DBE_VOL.name][node, gpu] += 1
+            counters[cat.ECC_DBE_AGG.name][node, gpu] += 1
         elif effect in (Effect.NODE_DOWN, Effect.POWER_BRAKE):
             self.node_down[node] = True
         if cause.excludes_node:
@@ -277,16 +268,16 @@ class Cluster:
         climb_end = episode.start + 0.7 * span
         climbed = min(end, climb_end) - max(start, episode.start)
         if climbed > 0:
-            counters["DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS"][node, gpu] += self.rng.poisson(
+            counters[cat.CORRECTABLE_REMAPPED_ROWS.name][node, gpu] += self.rng.poisson(
                 climbed / 120.0
             )
-            counters["DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"][node, gpu] += self.rng.poisson(climbed / 20.0)
+            counters[cat.ECC_SBE_VOL.name][node, gpu] += self.rng.poisson(climbed / 20.0)
         if start <= climb_end < end:
             self._record_xid(node, gpu, 48, climb_end)
             self._uncorrectable_hbm_error(node, gpu)
         if start <= episode.end < end:
             self._record_xid(node, gpu, 64, episode.end)
-            counters["DCGM_FI_DEV_ROW_REMAP_FAILURE"][node, gpu] = 1
+            counters[cat.ROW_REMAP_FAILURE.name][node, gpu] = 1
 
     def _continuous_effects(self, start: float, end: float, dt: float) -> None:
         rng = self.rng
@@ -307,19 +298,15 @@ class Cluster:
             elif episode.kind == Kind.PRECURSOR and node is not None and gpu is not None:
                 signal = episode.details.get("signal")
                 if signal == "remaps":
-                    self.counters["DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS"][node, gpu] += (
-                        rng.poisson(share * dt / 1800.0)
+                    self.counters[cat.CORRECTABLE_REMAPPED_ROWS.name][node, gpu] += rng.poisson(
+                        share * dt / 1800.0
                     )
                 else:
-                    self.counters["DCGM_FI_DEV_PCIE_REPLAY_COUNTER"][node, gpu] += rng.poisson(
-                        share * dt / 60.0
-                    )
+                    self.counters[cat.PCIE_REPLAY.name][node, gpu] += rng.poisson(share * dt / 60.0)
             elif episode.kind == Kind.NVLINK_FLAPPING and node is not None and gpu is not None:
                 if share > 0 and rng.random() < 0.5:
-                    self.counters["DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL"][node, gpu] += (
-                        rng.integers(5, 60)
-                    )
-                    self.counters["DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL"][node, gpu] += 1
+                    self.counters[cat.NVLINK_REPLAY.name][node, gpu] += rng.integers(5, 60)
+                    self.counters[cat.NVLINK_RECOVERY.name][node, gpu] += 1
                     if rng.random() < 0.2:
                         self._record_xid(node, gpu, 74, start)
             elif episode.kind == Kind.FAIL_STOP and node is not None:
@@ -358,7 +345,7 @@ class Cluster:
                 self.excluded[node] = False
                 self.node_down[node] = False
                 self.gpu_lost[node, :] = False
-                self.counters["DCGM_FI_DEV_ROW_REMAP_PENDING"][node, :] = 0
+                self.counters[cat.ROW_REMAP_PENDING.name][node, :] = 0
                 for name in _VOLATILE:
                     self.counters[name][node, :] = 0
                 # The node was rebooted: its agent starts afresh.
