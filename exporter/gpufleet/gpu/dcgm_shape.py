@@ -26,11 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpufleet.exposition import escape_label_value
+from gpufleet.gpu import catalogue as cat
+from gpufleet.schema.external import CLOCKS_EVENT_REASONS, XID_ERRORS_COUNT
 
 LABEL_KIND = "label"
-XID_COUNT = "DCGM_EXP_XID_ERRORS_COUNT"
-XID_LAST = "DCGM_FI_DEV_XID_ERRORS"
-THROTTLE_NAMES = ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS")
+XID_COUNT = XID_ERRORS_COUNT.name
+XID_LAST = cat.XID_LAST.name
+THROTTLE_NAMES = (cat.CLOCK_THROTTLE_REASONS.name, CLOCKS_EVENT_REASONS.name)
 XID_WINDOW_MS = 300_000  # dcgm-exporter's default --xid-count-window-size
 
 # The few XID texts the tests meet (dcgm-exporter carries NVIDIA's whole table).

@@ -27,16 +27,15 @@ PROMETHEUS_FAMILIES = (UP, ALERTS, ALERTS_FOR_STATE)
 # dcgm-exporter names the rules read where the agent exposes its own equivalent:
 # its XID count per code (the agent's is gpufleet_gpu_xid_errors_total) and the 4.x
 # name of the throttle bitmask (the agent keeps the older DCGM_FI_DEV_CLOCK_THROTTLE_REASONS).
-DCGM_EXPORTER_ONLY = (
-    MetricDef(
-        "DCGM_EXP_XID_ERRORS_COUNT",
-        "gauge",
-        "Count of XID errors within the user-specified time window, per XID code.",
-        ("xid",),
-    ),
-    MetricDef(
-        "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
-        "gauge",
-        "Current clock event (throttle) reasons, a bitmask (dcgm-exporter 4.x's name).",
-    ),
+XID_ERRORS_COUNT = MetricDef(
+    "DCGM_EXP_XID_ERRORS_COUNT",
+    "gauge",
+    "Count of XID errors within the user-specified time window, per XID code.",
+    ("xid",),
 )
+CLOCKS_EVENT_REASONS = MetricDef(
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+    "gauge",
+    "Current clock event (throttle) reasons, a bitmask (dcgm-exporter 4.x's name).",
+)
+DCGM_EXPORTER_ONLY = (XID_ERRORS_COUNT, CLOCKS_EVENT_REASONS)
