@@ -671,6 +671,13 @@ def _run_simulate(namespace: argparse.Namespace) -> int:
         scenario.cluster.resolved_layout()
     except ScenarioError as error:
         raise ConfigError(str(error)) from None
+    shared = namespace.history is None or namespace.fleet_url or namespace.nodes or namespace.layout
+    if scenario.jobs and shared:
+        raise ConfigError(
+            f"scenario {scenario.name} runs several jobs (a shared cluster): write its history "
+            "with --history; serving live, --fleet-url, --nodes and --layout are for one job"
+        )
+    nodes = sum(job.nodes for job in scenario.jobs) + scenario.spare_nodes or scenario.cluster.nodes
     if namespace.history is not None:
         from gpufleet.simulate.history import write_history
 
@@ -688,7 +695,7 @@ def _run_simulate(namespace: argparse.Namespace) -> int:
         if namespace.fleet_url:
             _feed_ledger(namespace, scenario, result.start, result.end)
         print(
-            f"wrote {result.samples:,} samples of {scenario.cluster.nodes} nodes x "
+            f"wrote {result.samples:,} samples of {nodes} nodes x "
             f"{namespace.history:g} days in {result.seconds:.1f} s: "
             f"{', '.join(str(path) for path in result.files)}; ground truth: {result.ground_truth}"
         )

@@ -117,6 +117,9 @@ class Cluster:
         self.node_names = [f"node-{index:0{width}d}" for index in range(self.nodes)]
         ranks_per_stage = self.layout.dp * self.layout.tp
         self.stage = np.array([(n * self.gpus) // ranks_per_stage for n in range(self.nodes)])
+        # which ranks send steps (nodes x GPUs), and how many per node
+        self.report_mask, self.reporters = self._reporting_ranks()
+        self.plain = spec.plain_reporting
         self.timeline = timeline or build_timeline(scenario, seed, start, start + horizon_s)
         self.now = start
         self.start = start
@@ -162,6 +165,16 @@ class Cluster:
         self._next_episode = 0
         self._active: list[Episode] = []
         self._storms: dict[int, float] = {}
+
+    def _reporting_ranks(self) -> tuple[np.ndarray, np.ndarray]:
+        """Which ranks send steps: all, or rank 0 of each TP group; and how many per node."""
+        ranks = np.arange(self.nodes * self.gpus).reshape(self.nodes, self.gpus)
+        mask = (
+            ranks % self.layout.tp == 0
+            if self.spec.report_ranks == "tp0"
+            else np.ones((self.nodes, self.gpus), dtype=bool)
+        )
+        return mask, mask.sum(axis=1).astype(float)
 
     def _uuid(self, node: int, gpu: int) -> str:
         digest = hashlib.sha256(f"{self.seed}:{node}:{gpu}".encode()).hexdigest()
@@ -431,9 +444,18 @@ class Cluster:
         compute *= 1.0 + self.rng.normal(0.0, 0.003, compute.shape)
         data = self._data_wait(start, end, dt)
         per_rank = compute + data[:, None]
-        step_time = float(per_rank[active].max()) + self.comm_base * self._comm_factor(
-            start, end, dt
-        )
+        if self.plain:
+            step_time = float(per_rank[active].max()) + self.comm_base * self._comm_factor(
+                start, end, dt
+            )
+        else:
+            # Collectives overlapped with compute: only what the compute cannot hide is
+            # exposed, and a slower link first eats into the hidden share's slack.
+            hidden = self.spec.comm_overlap * self.comm_base
+            exposed = max(
+                self.comm_base - hidden, self.comm_base * self._comm_factor(start, end, dt) - hidden
+            )
+            step_time = float(per_rank[active].max()) + exposed
         self.step_time = step_time
         comm = step_time - per_rank
 
@@ -445,19 +467,23 @@ class Cluster:
         self._eval_carry = eval_float - evals
         self.training_now = train_time > 0.5 * dt
         gpus = self.gpus
-        if steps:
+        if steps and self.plain:
             self._count_steps(active, steps, compute, data, comm, step_time=step_time)
+        elif steps:
+            self._count_reported_steps(active, steps, compute, data, step_time)
+        reporters = gpus if self.plain else self.reporters[active]
         if evals:
-            t.eval_steps[active] += evals * gpus
-            t.eval_seconds[active] += evals * gpus * 0.4 * step_time
+            t.eval_steps[active] += evals * reporters
+            t.eval_seconds[active] += evals * reporters * 0.4 * step_time
         progressed = steps > 0 or evals > 0
         if progressed:
             when = end
             for candidate in (last_free, last_free_ck):
                 if candidate is not None and candidate < when:
                     when = candidate
-            t.last_step_time[active] = when
-            t.ranks[active] = gpus
+            seen = active if self.plain else active & (self.reporters > 0)
+            t.last_step_time[seen] = when
+            t.ranks[active] = reporters
         t.ranks[~active] = 0
 
     def _count_steps(
@@ -487,10 +513,58 @@ class Cluster:
         t.buckets[a, bisect.bisect_left(self.bucket_bounds, step_time)] += steps * gpus
         self.step_number += steps
 
+    def _count_reported_steps(
+        self,
+        active: np.ndarray,
+        steps: int,
+        compute: np.ndarray,
+        data: np.ndarray,
+        step_time: float,
+    ) -> None:
+        """``_count_steps`` for a job that does not report every rank's full split.
+
+        With ``tp0`` only tensor-parallel rank 0 of each group reports, and its compute
+        is its group's slowest (TP ranks synchronise inside every layer). A step-only job
+        sends the step time alone: the agent counts it all as compute, so every rank shows
+        the same compute and nothing of the split.
+        """
+        t = self.training
+        spec = self.spec
+        mask = self.report_mask
+        tp = self.layout.tp
+        seen = compute
+        if spec.report_ranks == "tp0":
+            if tp <= self.gpus and self.gpus % tp == 0:
+                groups = compute.reshape(self.nodes, self.gpus // tp, tp).max(axis=2)
+                seen = np.repeat(groups, tp, axis=1)
+            else:
+                seen = np.repeat(compute.max(axis=1, keepdims=True), self.gpus, axis=1)
+        waited = np.repeat(data[:, None], self.gpus, axis=1)
+        if spec.step_only:
+            seen = np.full(compute.shape, step_time)
+            waited = np.zeros(compute.shape)
+        comm = np.maximum(0.0, step_time - seen - waited)
+        a = active
+        count = self.reporters[a]
+        reporting = count > 0
+        t.steps[a] += steps * count
+        t.step_seconds[a] += steps * count * step_time
+        t.compute[a] += steps * (seen[a] * mask[a]).sum(axis=1)
+        t.data_wait[a] += steps * (waited[a] * mask[a]).sum(axis=1)
+        t.comm_wait[a] += steps * (comm[a] * mask[a]).sum(axis=1)
+        t.tokens[a] += steps * count * spec.tokens_per_rank_step
+        slowest = np.where(mask[a], seen[a], 0.0).max(axis=1)
+        t.slowest_compute[a] += steps * slowest
+        t.slowest_steps[a] += steps * reporting
+        t.rank_compute[a] += steps * seen[a] * mask[a]
+        t.rank_steps[a] += steps * mask[a]
+        t.buckets[a, bisect.bisect_left(self.bucket_bounds, step_time)] += steps * count
+        self.step_number += steps
+
     def _checkpoints(self, start: float, end: float) -> None:
         t = self.training
         active = ~self.excluded & ~self.node_down
-        gpus = self.gpus
+        gpus = self.gpus if self.plain else self.reporters[active]
         t.ckpt_in_flight[:] = 0
         for window in self.timeline.checkpoints:
             if window.start <= end < window.end:

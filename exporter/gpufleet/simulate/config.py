@@ -36,6 +36,9 @@ class ScenarioError(ValueError):
     """A scenario file or flag is unusable; the message says where and why."""
 
 
+REPORT_RANKS = frozenset({"all", "tp0"})
+
+
 def parse_duration(value: Any, where: str = "duration") -> float:
     if isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
@@ -82,6 +85,24 @@ class ClusterSpec:
     storage_slots: int = 64
     storage_slot_bytes_per_s: float = 0.5e9
     requests_per_writer: int = 16
+    # How the job reports (the defaults: every rank, with its compute / data / collective split).
+    report_ranks: str = "all"  # "all", or "tp0": only tensor-parallel rank 0 of each TP group
+    step_only: bool = False  # ranks send only the step time (the agent counts it as compute)
+    comm_overlap: float = 0.0  # share of the healthy collective time hidden behind compute
+
+    def check(self, where: str = "cluster") -> None:
+        """Raise ScenarioError for reporting settings no job could have."""
+        if self.report_ranks not in REPORT_RANKS:
+            raise ScenarioError(
+                f"{where}.report_ranks: {self.report_ranks!r} is not one of {sorted(REPORT_RANKS)}"
+            )
+        if not 0.0 <= self.comm_overlap < 1.0:
+            raise ScenarioError(f"{where}.comm_overlap: {self.comm_overlap!r} is not in [0, 1)")
+
+    @property
+    def plain_reporting(self) -> bool:
+        """Every rank reports its own compute / data / collective split, nothing overlapped."""
+        return self.report_ranks == "all" and not self.step_only and self.comm_overlap == 0.0
 
     def resolved_layout(self) -> Layout:
         ranks = self.nodes * self.gpus_per_node
@@ -145,6 +166,10 @@ class Scenario:
     rates: FaultRates = field(default_factory=FaultRates)
     confounders: Confounders = field(default_factory=Confounders)
     episodes: list[dict[str, Any]] = field(default_factory=list)
+    # A shared cluster: several concurrent jobs (each a ClusterSpec: its nodes, layout and
+    # reporting), and idle spare nodes; empty means the one job of ``cluster``.
+    jobs: list[ClusterSpec] = field(default_factory=list)
+    spare_nodes: int = 0
 
     def with_cluster(self, **overrides: Any) -> Scenario:
         given = {key: value for key, value in overrides.items() if value is not None}
@@ -229,7 +254,9 @@ def _overrides(section: Any, cls: type[Any], where: str) -> Any:
     return cls(**values)
 
 
-_EPISODE_KEYS = {"kind", "node", "gpu", "start", "duration", "end", "cause", "xid", "magnitude"}
+_EPISODE_KEYS = {
+    "kind", "node", "gpu", "start", "duration", "end", "cause", "xid", "magnitude", "job",
+}  # fmt: skip
 
 
 def _check_episode(episode: Any, index: int) -> dict[str, Any]:
@@ -276,20 +303,63 @@ def load_scenario(source: str) -> Scenario:
         raise ScenarioError(f"scenario {source}: not valid YAML: {error}") from None
     if not isinstance(data, dict):
         raise ScenarioError(f"scenario {source}: expected a mapping at the top")
-    unknown = set(data) - {"name", "description", "cluster", "rates", "confounders", "episodes"}
+    unknown = set(data) - {
+        "name", "description", "cluster", "rates", "confounders", "episodes", "jobs",
+        "spare_nodes",
+    }  # fmt: skip
     if unknown:
         raise ScenarioError(f"scenario {source}: unknown sections {sorted(unknown)}")
     episodes = data.get("episodes") or []
     if not isinstance(episodes, list):
         raise ScenarioError(f"scenario {source}: episodes must be a list")
+    cluster = _overrides(data.get("cluster"), ClusterSpec, "cluster")
+    cluster.check()
+    jobs = _jobs(data.get("jobs"), data.get("cluster") or {}, source)
+    spares = data.get("spare_nodes", 0)
+    if not isinstance(spares, int) or isinstance(spares, bool) or spares < 0:
+        raise ScenarioError(f"scenario {source}: spare_nodes {spares!r} is not a count >= 0")
+    if spares and not jobs:
+        raise ScenarioError(f"scenario {source}: spare_nodes needs a jobs section")
+    checked = [_check_episode(episode, i) for i, episode in enumerate(episodes)]
+    names = [job.job for job in jobs]
+    for index, episode in enumerate(checked):
+        if jobs and episode.get("job") not in names:
+            raise ScenarioError(
+                f"episodes[{index}].job: {episode.get('job')!r} is not one of {names}"
+            )
+        if not jobs and "job" in episode:
+            raise ScenarioError(f"episodes[{index}].job: this scenario has no jobs section")
     return Scenario(
         name=str(data.get("name", Path(source).stem)),
         description=str(data.get("description", "")).strip(),
-        cluster=_overrides(data.get("cluster"), ClusterSpec, "cluster"),
+        cluster=cluster,
         rates=_overrides(data.get("rates"), FaultRates, "rates"),
         confounders=_overrides(data.get("confounders"), Confounders, "confounders"),
-        episodes=[_check_episode(episode, i) for i, episode in enumerate(episodes)],
+        episodes=checked,
+        jobs=jobs,
+        spare_nodes=spares,
     )
+
+
+def _jobs(section: Any, cluster: dict[str, Any], source: str) -> list[ClusterSpec]:
+    """The jobs of a shared cluster: each job's settings over the scenario's ``cluster``."""
+    if section is None:
+        return []
+    if not isinstance(section, list) or not isinstance(cluster, dict):
+        raise ScenarioError(f"scenario {source}: jobs must be a list of mappings")
+    jobs = []
+    for index, entry in enumerate(section):
+        where = f"jobs[{index}]"
+        if not isinstance(entry, dict) or not isinstance(entry.get("job"), str):
+            raise ScenarioError(f"{where}: expected a mapping with a job name (job: ...)")
+        spec = _overrides({**cluster, **entry}, ClusterSpec, where)
+        spec.check(where)
+        spec.resolved_layout()
+        jobs.append(spec)
+    names = [job.job for job in jobs]
+    if len(set(names)) != len(names):
+        raise ScenarioError(f"scenario {source}: job names repeat: {names}")
+    return jobs
 
 
 def scenario_names() -> list[str]:

@@ -11,7 +11,10 @@ and checkpoint counters, and the error counters, XIDs and throttle flags of
 every GPU the timeline ever touches. Error counters of GPUs that stay healthy
 for the whole history would be constant zeros; they are left out to keep the
 history small, which changes no rule result: every hardware rule asks for a
-counter that *rose* or a flag that is *set*.
+counter that *rose* or a flag that is *set*. The per-rank compute and step
+counters (``gpufleet_training_rank_*``, two series per reporting rank) are
+written where the rules compare ranks rather than nodes: by default
+(``rank_series="auto"``) for jobs with at most 4 nodes per pipeline stage.
 
 Nodes are split into shards written by separate processes (one file each);
 every process simulates the whole cluster, which is cheap, and writes only
@@ -39,7 +42,7 @@ from gpufleet.schema import training as ts
 from gpufleet.schema.external import UP
 from gpufleet.schema.family import MetricDef
 from gpufleet.simulate.cluster import GPU_COUNTERS, HW_POWER_BRAKE, HW_SLOWDOWN, HW_THERMAL, Cluster
-from gpufleet.simulate.config import Scenario
+from gpufleet.simulate.config import ClusterSpec, Scenario
 from gpufleet.simulate.faults import CAUSES_BY_NAME, Effect, Kind
 from gpufleet.simulate.serve import MODEL, PCI_BUS_IDS
 
@@ -62,6 +65,15 @@ _NODE_TRAINING: tuple[tuple[MetricDef, str], ...] = (
     (ts.LAST_STEP_TIMESTAMP, "last_step_time"),
     (ts.RANKS, "ranks"),
 )
+# Per-rank counters (``rank`` label), for rank-level peer comparison in small stages.
+_RANK_TRAINING: tuple[tuple[MetricDef, str], ...] = (
+    (ts.RANK_COMPUTE_SECONDS, "rank_compute"),
+    (ts.RANK_STEPS, "rank_steps"),
+)
+# ``rank_series="auto"`` writes them for jobs whose stages have at most this many nodes:
+# where the node-level comparison runs out of peers (they add 2 series per reporting rank).
+RANK_SERIES_MAX_NODES_PER_STAGE = 4
+RANK_SERIES = ("auto", "all", "none")
 # Per-GPU gauges written with ``gpu_gauges`` (what the node dashboard draws).
 GPU_GAUGES = tuple(
     metric.name
@@ -93,6 +105,16 @@ class HistoryResult:
     seconds: float
     start: float
     end: float
+
+
+def wants_rank_series(spec: ClusterSpec, mode: str) -> bool:
+    """Whether a job's per-rank series are written under ``rank_series=mode``."""
+    if mode not in RANK_SERIES:
+        raise ValueError(f"rank_series {mode!r} is not one of {RANK_SERIES}")
+    if mode != "auto":
+        return mode == "all"
+    layout = spec.resolved_layout()
+    return layout.dp * layout.tp <= RANK_SERIES_MAX_NODES_PER_STAGE * spec.gpus_per_node
 
 
 def touched_gpus(cluster: Cluster) -> list[tuple[int, int]]:
@@ -128,6 +150,8 @@ class _Recorder:
         ticks: int,
         every_gpu: bool = False,
         gpu_gauges: bool = False,
+        *,
+        rank_series: bool = False,
     ) -> None:
         self.cluster = cluster
         self.nodes = nodes
@@ -146,6 +170,10 @@ class _Recorder:
             attr: np.full((ticks, count), np.nan) for _, attr in _NODE_TRAINING + _NODE_CHECKPOINT
         }
         self.ckpt_ok = np.full((ticks, count), np.nan)
+        self.rank_series = {
+            attr: np.full((ticks, count, cluster.gpus), np.nan)
+            for _, attr in (_RANK_TRAINING if rank_series else ())
+        }
         mine = self.mine = set(nodes)
         touched_pairs = (
             [(node, gpu) for node in nodes for gpu in range(cluster.gpus)]
@@ -185,6 +213,11 @@ class _Recorder:
             values = getattr(training, attr)[nodes]
             self.node_series[attr][tick] = np.where(visible, values, np.nan)
         self.ckpt_ok[tick] = np.where(visible, training.ckpt_ok[nodes], np.nan)
+        if self.rank_series:
+            # only ranks that report, on nodes whose agent holds the job
+            shown = visible[:, None] & cluster.report_mask[nodes]
+            for attr, array in self.rank_series.items():
+                array[tick] = np.where(shown, getattr(training, attr)[nodes], np.nan)
         for slot, (node, gpu) in enumerate(self.touched):
             if cluster.node_down[node] or cluster.gpu_lost[node, gpu] or cluster.nvml_hung[node]:
                 continue
@@ -292,6 +325,18 @@ def _write_shard(recorder: _Recorder, path: Path) -> int:
                     *node_labels[column],
                 ]
                 out.present(metric.name, labels, recorder.node_series[attr][:, column])
+        for metric, attr in _RANK_TRAINING if recorder.rank_series else ():
+            out.declare(metric)
+            for column, node in enumerate(recorder.nodes):
+                for gpu in range(cluster.gpus):
+                    labels = [
+                        ("training_job", job),
+                        ("node", names[column]),
+                        ("pp_stage", str(cluster.stage[node])),
+                        ("rank", str(node * cluster.gpus + gpu)),
+                        *node_labels[column],
+                    ]
+                    out.present(metric.name, labels, recorder.rank_series[attr][:, column, gpu])
         out.declare(ts.CHECKPOINT_OPERATIONS)
         for column in range(len(names)):
             labels = [
@@ -342,12 +387,13 @@ def _write_shard(recorder: _Recorder, path: Path) -> int:
 
 
 def _shard_job(
-    arguments: tuple[Scenario, int, float, float, float, list[int], str, bool, bool],
+    arguments: tuple[Scenario, int, float, float, float, list[int], str, bool, bool, str],
 ) -> int:
-    scenario, seed, start, end, step, nodes, path, every_gpu, gpu_gauges = arguments
+    scenario, seed, start, end, step, nodes, path, every_gpu, gpu_gauges, rank_mode = arguments
     cluster = Cluster(scenario, seed, start, end - start)
     ticks = int((end - start) // step)
-    recorder = _Recorder(cluster, nodes, ticks, every_gpu, gpu_gauges)
+    ranks = wants_rank_series(scenario.cluster, rank_mode)
+    recorder = _Recorder(cluster, nodes, ticks, every_gpu, gpu_gauges, rank_series=ranks)
     for tick in range(ticks):
         cluster.advance(start + (tick + 1) * step)
         recorder.record()
@@ -365,23 +411,33 @@ def write_history(
     shards: int = 2,
     every_gpu: bool = False,
     gpu_gauges: bool = False,
+    rank_series: str = "auto",
 ) -> HistoryResult:
     """Simulate ``days`` ending at ``end`` (default: now) and write OpenMetrics + ground truth.
 
     ``every_gpu`` writes the error counters and throttle flags of every GPU, also the
     healthy ones (constant zeros): what a live Prometheus holds, for measuring rule cost.
     ``gpu_gauges`` adds every GPU's utilisation, activity, temperatures, power and clocks.
+    ``rank_series`` writes the per-rank compute and step counters: ``auto`` for jobs with
+    at most 4 nodes per pipeline stage, ``all`` or ``none``. A scenario with ``jobs``
+    (a shared cluster) is written by ``gpufleet.simulate.shared``.
     """
     started = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
     end = float(int(end if end is not None else time.time()))
     start = end - days * 86400.0
+    if scenario.jobs:
+        from gpufleet.simulate.shared import write_shared_history
+
+        return write_shared_history(
+            scenario, seed, start, end, out, step=step, shards=shards, rank_series=rank_series
+        )
     nodes = scenario.cluster.nodes
     shards = max(1, min(shards, nodes))
     groups = [list(range(nodes))[index::shards] for index in range(shards)]
     paths = [out / f"history-{index:02d}.om" for index in range(shards)]
     jobs = [
-        (scenario, seed, start, end, step, group, str(path), every_gpu, gpu_gauges)
+        (scenario, seed, start, end, step, group, str(path), every_gpu, gpu_gauges, rank_series)
         for group, path in zip(groups, paths, strict=True)
     ]
     if shards == 1:
@@ -426,7 +482,11 @@ def ground_truth(cluster: Cluster, start: float, end: float, step: float) -> dic
 
 
 def write_ground_truth(cluster: Cluster, out: Path, start: float, end: float, step: float) -> Path:
-    truth = ground_truth(cluster, start, end, step)
+    return write_ground_truth_data(ground_truth(cluster, start, end, step), out)
+
+
+def write_ground_truth_data(truth: dict[str, Any], out: Path) -> Path:
+    """``ground_truth.json`` and ``ground_truth.csv`` (one row per episode) under ``out``."""
     path = out / "ground_truth.json"
     path.write_text(json.dumps(truth, indent=1))
     with open(out / "ground_truth.csv", "w", newline="", encoding="utf-8") as handle:

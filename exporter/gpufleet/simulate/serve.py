@@ -118,6 +118,7 @@ def job_state(cluster: Cluster, node: int) -> dict[str, JobCounts]:
                 int(t.rank_steps[node, gpu]), float(t.rank_compute[node, gpu])
             )
             for gpu in range(cluster.gpus)
+            if cluster.report_mask[node, gpu]
         },
     )
     checkpoints = CheckpointCounts(

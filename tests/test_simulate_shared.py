@@ -1,0 +1,198 @@
+"""A shared cluster: several jobs of different shapes, nodes moving through a spare pool,
+and the per-rank series in the backfilled history."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpufleet.simulate.cluster import Cluster
+from gpufleet.simulate.config import (
+    ClusterSpec,
+    Confounders,
+    FaultRates,
+    Scenario,
+    ScenarioError,
+    load_scenario,
+)
+from gpufleet.simulate.history import wants_rank_series, write_history
+from gpufleet.simulate.shared import SharedCluster
+
+START = 1_800_000_000.0
+QUIET = FaultRates(
+    fail_stop_per_1000_node_days=0, fail_slow_compute_per_node_day=0, fail_slow_comm_per_node_day=0
+)
+
+
+def shapes(rates: FaultRates = QUIET, spares: int = 2) -> Scenario:
+    scenario = load_scenario("shared-cluster")
+    return replace(
+        scenario,
+        rates=rates,
+        confounders=Confounders(cluster_slowdowns_per_day=0),
+        spare_nodes=spares,
+    )
+
+
+def run(cluster: Cluster, seconds: float, tick: float = 5.0) -> None:
+    for _ in range(int(seconds / tick)):
+        cluster.advance(cluster.now + tick)
+
+
+def by_name(shared: SharedCluster) -> dict[str, Cluster]:
+    return {job.spec.job: job for job in shared.jobs}
+
+
+def test_each_job_has_its_shape() -> None:
+    jobs = by_name(SharedCluster(shapes(), 3, START, 3600.0))
+    assert sorted(np.bincount(jobs["pp-2-nodes-per-stage"].stage).tolist()) == [2, 2, 2, 2]
+    assert np.bincount(jobs["wide"].stage).tolist() == [8, 8, 8]
+    tp0 = jobs["tp-rank-0-only"]
+    # TP = 4 on 8-GPU nodes: two TP groups per node, rank 0 of each reports; 4 per stage
+    assert tp0.reporters.tolist() == [2.0] * 8
+    assert np.flatnonzero(tp0.report_mask[0]).tolist() == [0, 4]
+    assert [int(tp0.reporters[tp0.stage == s].sum()) for s in range(4)] == [4, 4, 4, 4]
+    for job in jobs.values():
+        run(job, 600)
+    t = tp0.training
+    assert t.ranks.tolist() == [2.0] * 8
+    assert (t.rank_steps[:, [1, 2, 3, 5, 6, 7]] == 0).all() and (t.rank_steps[:, [0, 4]] > 0).all()
+
+
+def test_a_step_only_job_shows_its_step_time_as_compute_and_no_split() -> None:
+    jobs = by_name(SharedCluster(shapes(), 3, START, 3600.0))
+    job = jobs["step-time-only"]
+    run(job, 600)
+    t = job.training
+    # what the agent makes of events without compute_s: all of the step is compute
+    assert np.allclose(t.compute, t.step_seconds)
+    assert (t.data_wait == 0).all() and (t.comm_wait == 0).all()
+    assert np.allclose(t.slowest_compute / t.slowest_steps, t.step_seconds / t.steps)
+
+
+def test_overlapped_collectives_expose_only_what_compute_does_not_hide() -> None:
+    jobs = by_name(SharedCluster(shapes(), 3, START, 3600.0))
+    plain, hidden = jobs["wide"], jobs["overlapped-comm"]
+    for job in (plain, hidden):
+        run(job, 600)
+
+    def comm_share(job: Cluster) -> float:
+        t = job.training
+        return float(t.comm_wait.sum() / t.step_seconds.sum())
+
+    assert comm_share(hidden) < 0.6 * comm_share(plain)
+    assert hidden.step_time < plain.step_time
+
+
+def test_a_slow_gpu_shows_through_its_tp_rank_0() -> None:
+    scenario = replace(
+        shapes(),
+        episodes=[
+            {"kind": "fail_slow_compute", "job": "tp-rank-0-only", "node": 3, "gpu": 6,
+             "start": 0.0, "duration": 3600.0, "magnitude": 1.3},
+        ],
+    )  # fmt: skip
+    job = by_name(SharedCluster(scenario, 3, START, 3600.0))["tp-rank-0-only"]
+    run(job, 900)
+    t = job.training
+    per_step = t.rank_compute[:, 4] / t.rank_steps[:, 4]  # TP rank 0 of GPUs 4-7
+    assert per_step[3] > 1.2 * np.median(per_step)
+
+
+def test_repaired_nodes_move_between_jobs_through_the_spare_pool() -> None:
+    rates = replace(QUIET, fail_stop_per_1000_node_days=3000.0, repair_hours_median=0.5)
+    shared = SharedCluster(shapes(rates, spares=3), 5, START, 86400.0)
+    jobs_of = defaultdict(set)
+    for placement in shared.placements:
+        jobs_of[placement.node].add(placement.job)
+    assert any(len(jobs) > 1 for jobs in jobs_of.values())
+    # at every moment each slot has one node and no node is in two slots
+    for when in np.linspace(START, START + 86399, 97):
+        held = [
+            shared.node_of(j, s, when)
+            for j, job in enumerate(shared.jobs)
+            for s in range(job.nodes)
+        ]
+        assert len(held) == len(set(held))
+    truth = shared.ground_truth(START, START + 86400, 30.0)
+    assert {e["job"] for e in truth["episodes"]} == {job.spec.job for job in shared.jobs}
+    assert all(a["job"] for a in truth["attempts"])
+
+
+def series(text: str, family: str) -> dict[str, list[float]]:
+    found: dict[str, list[float]] = defaultdict(list)
+    for line in text.splitlines():
+        if line.startswith(family + "{"):
+            labels, value, _ = line.rsplit(" ", 2)
+            found[labels.removeprefix(family)].append(float(value))
+    return found
+
+
+def label(labels: str, name: str) -> str:
+    match = re.search(rf'{name}="([^"]*)"', labels)
+    assert match, (labels, name)
+    return match.group(1)
+
+
+def test_the_shared_history_writes_physical_nodes_and_rank_series(tmp_path: Path) -> None:
+    result = write_history(shapes(), 3, 2 / 24, tmp_path, end=START, shards=1)
+    text = result.files[0].read_text()
+    truth = json.loads(result.ground_truth.read_text())
+    assert len(series(text, "up")) == 58 == truth["cluster"]["nodes"]
+    ranks = series(text, "gpufleet_training_rank_steps_total")
+    per_job: dict[str, set[str]] = defaultdict(set)
+    for labels in ranks:
+        per_job[label(labels, "training_job")].add(label(labels, "rank"))
+    # rank series where stages are small (at most 4 nodes), only for ranks that report
+    assert "wide" not in per_job
+    assert len(per_job["pp-2-nodes-per-stage"]) == 64
+    assert sorted(per_job["tp-rank-0-only"], key=int) == [str(r) for r in range(0, 64, 4)]
+    compute = series(text, "gpufleet_training_compute_seconds_total")
+    steps = series(text, "gpufleet_training_step_seconds_total")
+    step_only = [k for k in compute if label(k, "training_job") == "step-time-only"]
+    assert len(step_only) == 8
+    for labels in step_only:
+        assert np.allclose(compute[labels], steps[labels])
+
+
+def test_rank_series_of_the_default_job_on_request(tmp_path: Path) -> None:
+    # auto: only where stages have at most 4 nodes (the default quick job has 8: unchanged)
+    assert not wants_rank_series(ClusterSpec(nodes=32), "auto")
+    assert wants_rank_series(ClusterSpec(nodes=16), "auto")  # 4 nodes per stage
+    scenario = Scenario(cluster=ClusterSpec(nodes=32), rates=QUIET)
+    plain = write_history(scenario, 1, 1 / 24, tmp_path / "a", end=START, shards=1)
+    ranked = write_history(
+        scenario, 1, 1 / 24, tmp_path / "b", end=START, shards=1, rank_series="all"
+    )
+    assert "gpufleet_training_rank_" not in plain.files[0].read_text()
+    text = ranked.files[0].read_text()
+    assert len(series(text, "gpufleet_training_rank_compute_seconds_total")) == 256
+    assert len(series(text, "gpufleet_training_rank_steps_total")) == 256
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("jobs: [{job: a, report_ranks: tp1}]", "jobs[0].report_ranks: 'tp1' is not one of"),
+        ("jobs: [{job: a, comm_overlap: 1.5}]", "jobs[0].comm_overlap: 1.5 is not in [0, 1)"),
+        ("jobs: [{job: a, nodes: 8, layout: 2x2x8}]", "layout 2x2x8 has 32 ranks"),
+        ("jobs: [{job: a}, {job: a}]", "job names repeat"),
+        ("jobs: [{nodes: 4}]", "jobs[0]: expected a mapping with a job name"),
+        ("spare_nodes: 2", "spare_nodes needs a jobs section"),
+        (
+            "jobs: [{job: a}]\nepisodes: [{kind: fail_slow_compute, node: 1, job: b}]",
+            "episodes[0].job: 'b' is not one of ['a']",
+        ),
+    ],
+)
+def test_bad_shared_scenarios_say_what_is_wrong(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ScenarioError, match=re.escape(message)):
+        load_scenario(str(path))
