@@ -14,6 +14,8 @@ Prometheus does; the firings are scored against the ground truth.
     python bench/detect.py --mode recall      # hundreds of episodes per class (boosted)
     python bench/detect.py --mode false-pages --days 10   # long quiet time, realistic rates
     python bench/detect.py --mode recall --seeds 911 --alerts GpuFleetStragglerNode  # tuning
+    python bench/detect.py --mode shapes      # five job shapes sharing one cluster, per shape
+    python bench/detect.py --mode shapes-quick  # the same cluster, half a day, tuning seed
 
 Imported histories are cached under bench/out/cache (keyed by scenario, seed, length,
 end and the simulator's code), so a rule change re-runs only the evaluation;
@@ -106,6 +108,23 @@ QUICK_RATES = _rates(
 )
 
 
+# A shared cluster of five job shapes (simulate/scenarios/shared-cluster.yaml): every
+# fault class often enough on every job that each shape gets its own recall.
+SHAPES_RATES = _rates(
+    fail_stop_per_1000_node_days=300.0,
+    fail_slow_compute_per_node_day=1.0,
+    compute_mean_minutes=30.0,
+    compute_slowdown_min=1.05,
+    compute_slowdown_max=1.30,
+    fail_slow_comm_per_node_day=0.5,
+)
+
+
+def shapes_scenario() -> Scenario:
+    """The shared cluster of five job shapes at ``SHAPES_RATES``."""
+    return replace(load_scenario("shared-cluster"), rates=SHAPES_RATES)
+
+
 def scenario_for(nodes: int, rates: FaultRates | None = None) -> Scenario:
     """The realistic-week cluster at ``nodes`` nodes, at ``rates`` (default: its own)."""
     scenario = load_scenario("realistic-week").with_cluster(nodes=nodes)
@@ -117,6 +136,7 @@ def scenario_for(nodes: int, rates: FaultRates | None = None) -> Scenario:
 #   headline:    published 104-106 (101-103 were tuned on; see the module docstring)
 #   recall:      published 311 / 321 / 331, tuning 911 / 921 / 931
 #   false-pages: published 401-406,          tuning 941-946
+#   shapes:      published 501,               tuning 951 (shapes-quick: 951, half a day)
 #   quick:       201 (a smoke test of the pipeline, looked at)
 MODES: dict[str, str] = {
     "quick": "32 nodes, 12 h, every fault kind at boosted rates: a smoke test, not a score",
@@ -126,6 +146,10 @@ MODES: dict[str, str] = {
     "do not overlap",
     "false-pages": "long quiet time: 256 nodes at realistic rates, 7 seeds x 3 days, so "
     "that a true rate of 0.3 false pages a day has an interval below 0.67",
+    "shapes": "five job shapes sharing 60 nodes (8 and 2 nodes per stage, TP rank 0 only, "
+    "step time only, overlapped collectives; 4 spares), boosted fail-stop and fail-slow, "
+    "4 days, scored per class and per job shape",
+    "shapes-quick": "the shapes cluster for half a day on the tuning seed (iterating)",
 }
 
 
@@ -135,6 +159,10 @@ def parts_for(mode: str) -> list[Part]:
         return [Part("quick", scenario_for(32, QUICK_RATES), 0.5, (201,))]
     if mode == "headline":
         return [Part("realistic", scenario_for(256), 3.0, (104, 105, 106))]
+    if mode == "shapes":
+        return [Part("shapes", shapes_scenario(), 4.0, (501,))]
+    if mode == "shapes-quick":
+        return [Part("shapes", shapes_scenario(), 0.5, (951,))]
     if mode == "false-pages":
         # 21 cluster-days: if the true rate is 0.3 a day, the interval's top stays under 0.67
         seeds = (401, 402, 403, 404, 405, 406, 407)
@@ -358,6 +386,7 @@ def report(
                 f"{minutes(row['ttd_median_s'])} "
                 f"[{minutes(row['ttd_p25_s'])}, {minutes(row['ttd_p75_s'])}] |"
             )
+    lines += shape_table(scores)
     pages = scores.pages
     fp_low, fp_high = scores.false_pages_per_day_interval
     node_pages = [p for p in pages if p.node is not None]
@@ -406,6 +435,40 @@ def report(
     write_csv(out / f"{name}_pages.csv", [(seed, r.pages) for seed, r in per_seed])
     chart(scores, out / f"{name}.png")
     return text
+
+
+def shape_table(scores: Scores) -> list[str]:
+    """Every class per job of a shared cluster (its job shapes); nothing for one job."""
+    rows = scores.by_job()
+    if not rows:
+        return []
+    pages = {row["job"]: (row["pages"], row["false pages"]) for row in rows}
+    rows = [row for row in rows if row["episodes"]]  # classes scored on this job
+    lines = [
+        "",
+        "By job shape (pages: critical or warning firings for the job or a node it held):",
+        "",
+        "| job shape | class | episodes | detected | recall [95% CI] | TTD median [IQR] | "
+        "not scored |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        recall = (
+            "-"
+            if math.isnan(row["recall"])
+            else f"{row['recall']:.1%} [{row['recall_low']:.1%}, {row['recall_high']:.1%}]"
+        )
+        ttd = (
+            f"{minutes(row['ttd_median_s'])} "
+            f"[{minutes(row['ttd_p25_s'])}, {minutes(row['ttd_p75_s'])}]"
+        )
+        lines.append(
+            f"| {row['job']} | {row['class']} | {row['episodes']} | {row['detected']} | "
+            f"{recall} | {ttd} | {row['not scored']} |"
+        )
+    lines += ["", "| job shape | pages | false pages |", "|---|---|---|"]
+    lines += [f"| {job} | {total} | {false} |" for job, (total, false) in sorted(pages.items())]
+    return lines
 
 
 def write_csv(path: Path, per_seed: list[tuple[int, list[EpisodeScore] | list[PageScore]]]) -> None:
@@ -533,7 +596,7 @@ def main() -> int:
         f"# Detection benchmark ({mode}): {MODES[mode]}",
         "",
         *(
-            f"- {part.label}: {part.scenario.cluster.nodes} nodes x 8 GPUs, {part.days:g} days, "
+            f"- {part.label}: {_cluster_text(part.scenario)}, {part.days:g} days, "
             f"seeds {', '.join(map(str, part.seeds))}; rates {_rates_text(part.scenario.rates)}"
             for part in parts
         ),
@@ -544,6 +607,19 @@ def main() -> int:
     print(report(per_seed, header, log, out, name))
     print(summary_line(merge([result for _, result in per_seed])))
     return 0
+
+
+def _cluster_text(scenario: Scenario) -> str:
+    if not scenario.jobs:
+        return f"{scenario.cluster.nodes} nodes x 8 GPUs"
+    jobs = "; ".join(
+        f"{job.job} {job.nodes} nodes {job.resolved_layout()}"
+        + (f" report {job.report_ranks}" if job.report_ranks != "all" else "")
+        + (" step time only" if job.step_only else "")
+        + (f" comm overlap {job.comm_overlap:g}" if job.comm_overlap else "")
+        for job in scenario.jobs
+    )
+    return f"{scenario.spare_nodes} spares and jobs: {jobs}"
 
 
 def _rates_text(rates: FaultRates) -> str:

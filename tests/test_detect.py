@@ -313,6 +313,155 @@ class TestScore:
         assert results[0].scored
 
 
+def shared_truth() -> dict[str, Any]:
+    """Two jobs on one cluster: n0-n1 run "big", n2-n3 run "small"; n3 moves to "big"
+    after n1's repair. Each job stalls once, at different times."""
+    hour = 3600.0
+    return {
+        "start": T0,
+        "end": T0 + DAY,
+        "cluster": {
+            "job": "big",
+            "jobs": [{"job": "big"}, {"job": "small"}],
+            "nodes": 4,
+            "node_names": ["n0", "n1", "n2", "n3"],
+        },
+        "placements": [
+            {"node": "n0", "job": "big", "slot": 0, "start": T0, "end": T0 + DAY},
+            {"node": "n1", "job": "big", "slot": 1, "start": T0, "end": T0 + 14 * hour},
+            {"node": "n3", "job": "big", "slot": 1, "start": T0 + 14 * hour, "end": T0 + DAY},
+            {"node": "n2", "job": "small", "slot": 0, "start": T0, "end": T0 + DAY},
+            {"node": "n3", "job": "small", "slot": 1, "start": T0, "end": T0 + 14 * hour},
+            {"node": "n1", "job": "small", "slot": 1, "start": T0 + 14 * hour, "end": T0 + DAY},
+        ],
+        "attempts": [
+            {"job": "big", "number": 1, "start": T0, "first_step": T0, "end": T0 + 10 * hour},
+            {
+                "job": "big",
+                "number": 2,
+                "start": T0 + 10.2 * hour,
+                "first_step": T0 + 10.3 * hour,
+                "end": None,
+            },
+            {"job": "small", "number": 1, "start": T0, "first_step": T0, "end": T0 + 3 * hour},
+            {
+                "job": "small",
+                "number": 2,
+                "start": T0 + 3.5 * hour,
+                "first_step": T0 + 4 * hour,
+                "end": None,
+            },
+        ],
+        "exclusions": [
+            {"node": "n1", "job": "big", "start": T0 + 10 * hour, "end": T0 + 14 * hour}
+        ],
+        "episodes": [
+            episode(
+                0,
+                "fail_stop",
+                T0 + 10 * hour,
+                T0 + 14 * hour,
+                node="n1",
+                scope="node",
+                fault=True,
+                job="big",
+                expected_alerts=["GpuFleetGpuLost"],
+            ),
+            episode(
+                1,
+                "fail_slow_compute",
+                T0 + 5 * hour,
+                T0 + 6 * hour,
+                node="n3",
+                scope="node",
+                fault=True,
+                job="small",
+                details={"slowdown": 1.3},
+                expected_alerts=["GpuFleetStragglerNode"],
+            ),
+            episode(
+                2,
+                "fail_slow_compute",
+                T0 + 16 * hour,
+                T0 + 17 * hour,
+                node="n3",
+                scope="node",
+                fault=True,
+                job="big",
+                details={"slowdown": 1.3},
+                expected_alerts=["GpuFleetStragglerNode"],
+            ),
+            episode(
+                3,
+                "fail_slow_comm",
+                T0 + 7 * hour,
+                T0 + 8 * hour,
+                node="n2",
+                scope="job",
+                fault=True,
+                job="small",
+                details={"slowdown": 1.2},
+                expected_alerts=["GpuFleetJobSlowdown"],
+            ),
+            # "big" is down then, "small" is not: scored for "small"
+            episode(
+                4,
+                "fail_stop",
+                T0 + 10.1 * hour,
+                T0 + 10.1 * hour,
+                node="n2",
+                scope="job",
+                fault=True,
+                job="small",
+                expected_alerts=["GpuFleetJobHung"],
+            ),
+        ],
+    }
+
+
+def test_a_shared_cluster_is_scored_per_job() -> None:
+    truth = shared_truth()
+    hour = 3600.0
+    scores = score(
+        truth,
+        [
+            firing("GpuFleetGpuLost", T0 + 10 * hour + 30, T0 + 11 * hour, node="n1"),
+            # n3 served "big" by then: detected, and its page is the job's
+            firing("GpuFleetStragglerNode", T0 + 16 * hour + 420, T0 + 17 * hour, node="n3",
+                   training_job="big"),
+            # the other job's slowdown is not this episode's detection, and no fault of
+            # "big" explains it: a false page for "big"
+            firing("GpuFleetJobSlowdown", T0 + 7 * hour + 300, T0 + 8 * hour,
+                   training_job="big"),
+        ],
+    )  # fmt: skip
+    by_id = {e.id: e for e in scores.episodes}
+    assert [by_id[i].job for i in range(5)] == ["big", "small", "big", "small", "small"]
+    assert by_id[0].detected and by_id[2].detected and by_id[2].ttd_s == 420
+    assert not by_id[1].detected and not by_id[3].detected
+    assert by_id[4].scored  # "small" was running when it hung
+    assert [(p.job, p.explained_by is None) for p in scores.pages] == [
+        ("big", False),
+        ("big", False),
+        ("big", True),
+    ]
+    rows = {(row["job"], row["class"]): row for row in scores.by_job()}
+    assert set(rows) == {
+        ("big", "fail-stop (node)"),
+        ("big", "fail-slow compute"),
+        ("small", "fail-slow compute"),
+        ("small", "fail-slow communication"),
+        ("small", "fail-stop (job)"),
+    }
+    assert rows[("big", "fail-slow compute")]["recall"] == 1.0
+    assert rows[("big", "fail-slow compute")]["ttd_median_s"] == 420
+    assert rows[("small", "fail-slow compute")]["recall"] == 0.0
+    assert rows[("big", "fail-stop (node)")]["false pages"] == 1
+    assert rows[("small", "fail-stop (job)")]["pages"] == 0
+    # the single-job views still add up over jobs
+    assert scores.recall("fail-slow compute") == 0.5
+
+
 def load_bench() -> Any:
     spec = importlib.util.spec_from_file_location("bench_detect", ROOT / "bench" / "detect.py")
     assert spec is not None and spec.loader is not None

@@ -7,6 +7,11 @@ or by a condition the ground truth records (a job stalled, a storage-bound
 checkpoint, a cluster-wide slowdown), or false. False pages are attributed to
 the confounders active at the time, so that "no node page from any confounder"
 can be checked.
+
+A shared cluster's ground truth (several jobs, ``gpufleet.simulate.shared``) names
+each episode's, attempt's and exclusion's job: job-wide episodes are matched to
+firings for their own job, stalls and training time are their job's, and
+``by_job`` gives every class per job (per job shape).
 """
 
 from __future__ import annotations
@@ -70,6 +75,7 @@ class EpisodeScore:
     ttd_s: float | None = None
     detected_by: str | None = None
     note: str = ""
+    job: str | None = None
 
     @property
     def band(self) -> str | None:
@@ -93,6 +99,7 @@ class PageScore:
     end: float
     explained_by: str | None
     confounders: list[str] = field(default_factory=list)
+    job: str | None = None  # the job it concerns: its label, or the job holding the node
 
 
 @dataclass(slots=True)
@@ -122,6 +129,27 @@ class Scores:
             for kind, name in kinds
             for band in BANDS
         ]
+
+    def by_job(self) -> list[dict[str, Any]]:
+        """Every class per job (a shared cluster's jobs are its job shapes), and each
+        job's pages: recall, interval and time to detect of its scored episodes."""
+        rows = []
+        for job in sorted({e.job for e in self.episodes if e.job is not None}):
+            pages = [p for p in self.pages if p.job == job]
+            for klass in sorted({e.klass for e in self.episodes if e.job == job}):
+                members = [e for e in self.episodes if e.job == job and e.klass == klass]
+                scored = [e for e in members if e.scored]
+                rows.append(
+                    {
+                        "job": job,
+                        "class": klass,
+                        **_summary(scored),
+                        "not scored": len(members) - len(scored),
+                        "pages": len(pages),
+                        "false pages": sum(p.explained_by is None for p in pages),
+                    }
+                )
+        return rows
 
     def _scored(self, *klasses: str) -> list[EpisodeScore]:
         return [e for e in self.episodes if e.klass in klasses and e.scored]
@@ -198,16 +226,22 @@ def _quantile(values: list[float], q: float) -> float:
     return values[low] + (values[high] - values[low]) * (position - low)
 
 
+def _job_of(record: dict[str, Any], truth: dict[str, Any]) -> str:
+    """The job of an episode, attempt or exclusion (a single-job truth names none)."""
+    return str(record.get("job") or truth["cluster"]["job"])
+
+
 def _training_seconds(episode: dict[str, Any], truth: dict[str, Any]) -> float:
     """Seconds of the episode during which the job trained (and, for a node-scoped
     episode, the node was in the job): a slow GPU that does not train is invisible.
     Checkpoints and evals are not training either: their steps are never compared."""
     low, high = float(episode["start"]), float(episode["end"])
-    blocked = list(_stalls(truth))
+    job = _job_of(episode, truth)
+    blocked = list(_stalls(truth, job))
     blocked += [
         (float(other["start"]), float(other["end"]))
         for other in truth["episodes"]
-        if other["kind"] in ("checkpoint", "eval")
+        if other["kind"] in ("checkpoint", "eval") and _job_of(other, truth) == job
     ]
     if episode["scope"] == "node":
         blocked += [
@@ -235,7 +269,9 @@ def _classify(
             episode["scope"], "fail-stop (invisible: silent data corruption)"
         )
         scored = episode["scope"] in ("node", "job")
-        if episode["scope"] == "job" and _while_stopped(float(episode["start"]), truth):
+        if episode["scope"] == "job" and _while_stopped(
+            float(episode["start"]), truth, _job_of(episode, truth)
+        ):
             # e.g. an NCCL timeout while the job is down after an earlier failure:
             # nothing runs that could time out, and the job is already paged as hung.
             scored, note = False, "the job was already stopped"
@@ -278,7 +314,7 @@ def _window(episode: dict[str, Any]) -> tuple[float, float]:
 
 def score(truth: dict[str, Any], firings: list[Firing]) -> Scores:
     start, end = float(truth["start"]), float(truth["end"])
-    job = truth["cluster"]["job"]
+    shared = "jobs" in truth["cluster"]
     episodes: list[EpisodeScore] = []
     relevant = [f for f in firings if f.alert not in LEDGER_ALERTS]
     for episode in truth["episodes"]:
@@ -296,7 +332,9 @@ def score(truth: dict[str, Any], firings: list[Firing]) -> Scores:
             (episode.get("details") or {}).get("slowdown"),
             scored,
             note=note,
+            job=episode.get("job") if shared else None,
         )
+        job = _job_of(episode, truth)
         low, high = _window(episode)
         expected = set(episode["expected_alerts"])
         for firing in relevant:
@@ -317,8 +355,12 @@ def score(truth: dict[str, Any], firings: list[Firing]) -> Scores:
     return Scores(days, episodes, pages)
 
 
-def _stalls(truth: dict[str, Any]) -> list[tuple[float, float]]:
-    attempts = sorted(truth["attempts"], key=lambda a: a["number"])
+def _stalls(truth: dict[str, Any], job: str | None = None) -> list[tuple[float, float]]:
+    """When ``job`` (default: the truth's one job) was stopped between attempts."""
+    job = job or truth["cluster"]["job"]
+    attempts = sorted(
+        (a for a in truth["attempts"] if _job_of(a, truth) == job), key=lambda a: a["number"]
+    )
     stalls = []
     for previous, following in itertools.pairwise(attempts):
         if previous["end"] is not None:
@@ -328,9 +370,17 @@ def _stalls(truth: dict[str, Any]) -> list[tuple[float, float]]:
     return stalls
 
 
-def _while_stopped(when: float, truth: dict[str, Any]) -> bool:
+def _while_stopped(when: float, truth: dict[str, Any], job: str | None = None) -> bool:
     """Whether the job was already stopped (by an earlier failure) at ``when``."""
-    return any(stop < when - 1.0 and when < resume for stop, resume in _stalls(truth))
+    return any(stop < when - 1.0 and when < resume for stop, resume in _stalls(truth, job))
+
+
+def _holder(node: str, when: float, truth: dict[str, Any]) -> str | None:
+    """The job a shared cluster's node served at ``when`` (None while it was a spare)."""
+    for placement in truth.get("placements", ()):
+        if placement["node"] == node and placement["start"] <= when < placement["end"]:
+            return str(placement["job"])
+    return None
 
 
 def _overlaps(a0: float, a1: float, b0: float, b1: float) -> bool:
@@ -348,6 +398,12 @@ def _explain(firing: Firing, truth: dict[str, Any]) -> PageScore:
         None,
     )
     at = firing.start
+    shared = "jobs" in truth["cluster"]
+    if shared:
+        page.job = firing.training_job or (
+            _holder(firing.node, at, truth) if firing.node is not None else None
+        )
+    job = firing.training_job or truth["cluster"]["job"]
     for episode in truth["episodes"]:
         kind = episode["kind"]
         low, high = float(episode["start"]), float(episode["end"])
@@ -363,7 +419,7 @@ def _explain(firing: Firing, truth: dict[str, Any]) -> PageScore:
                 return page
             if kind in ("fail_slow_comm",) and low <= at <= high + 600:
                 continue
-        else:
+        elif _job_of(episode, truth) == job:
             if (
                 firing.alert == "GpuFleetJobSlowdown"
                 and kind
@@ -389,7 +445,7 @@ def _explain(firing: Firing, truth: dict[str, Any]) -> PageScore:
                     page.explained_by = f"checkpoint:{episode['id']}"
                     return page
     if firing.node is None and firing.alert == "GpuFleetJobHung":
-        for stall_start, stall_end in _stalls(truth):
+        for stall_start, stall_end in _stalls(truth, job):
             if stall_start - 60 <= at <= stall_end + 600:
                 page.explained_by = "job stalled"
                 return page

@@ -428,7 +428,8 @@ class TimelineBuilder:
             return magnitude
         spec = self.spec
         comm_share = 1.0 - spec.compute_share - spec.data_share
-        return 1.0 + (magnitude - 1.0) * comm_share
+        # overlapped collectives make the healthy step shorter, the added time the same
+        return 1.0 + (magnitude - 1.0) * comm_share / (1.0 - spec.comm_overlap * comm_share)
 
     def writers(self, when: float) -> int:
         return sum(1 for node in range(self.nodes) if not self.excluded(node, when))
