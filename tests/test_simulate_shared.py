@@ -196,3 +196,18 @@ def test_bad_shared_scenarios_say_what_is_wrong(tmp_path: Path, text: str, messa
     path.write_text(text)
     with pytest.raises(ScenarioError, match=re.escape(message)):
         load_scenario(str(path))
+
+
+def test_the_cli_writes_a_shared_history_and_refuses_to_serve_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpufleet.cli import main
+
+    argv = ["simulate", "--scenario", "shared-cluster", "--history", "0.01", "--shards", "1"]
+    assert main([*argv, "--out", str(tmp_path), "--end", str(START), "--rank-series", "none"]) == 0
+    assert "samples of 60 nodes" in capsys.readouterr().out
+    assert "gpufleet_training_rank_" not in (tmp_path / "history-00.om").read_text()
+    with pytest.raises(SystemExit) as stopped:
+        main(["simulate", "--scenario", "shared-cluster", "--targets-file", ""])
+    assert stopped.value.code == 2
+    assert "write its history with --history" in capsys.readouterr().err

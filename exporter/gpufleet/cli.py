@@ -691,6 +691,7 @@ def _run_simulate(namespace: argparse.Namespace) -> int:
             end=namespace.end,
             step=namespace.history_step,
             shards=namespace.shards,
+            rank_series=namespace.rank_series,
         )
         if namespace.fleet_url:
             _feed_ledger(namespace, scenario, result.start, result.end)
@@ -873,6 +874,13 @@ def _add_simulate(commands: Commands) -> None:
         "--history-step", type=float, default=30.0, help="seconds between history samples"
     )
     simulate.add_argument("--shards", type=int, default=2, help="processes writing the history")
+    simulate.add_argument(
+        "--rank-series",
+        choices=["auto", "all", "none"],
+        default="auto",
+        help="write per-rank compute series in the history (auto: jobs with at most 4 nodes "
+        "per pipeline stage)",
+    )
     simulate.add_argument(
         "--fleet-url", help="also report exclusions and job attempts to this fleet ledger"
     )
