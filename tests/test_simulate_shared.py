@@ -211,3 +211,41 @@ def test_the_cli_writes_a_shared_history_and_refuses_to_serve_one(
         main(["simulate", "--scenario", "shared-cluster", "--targets-file", ""])
     assert stopped.value.code == 2
     assert "write its history with --history" in capsys.readouterr().err
+
+
+def test_a_moving_node_keeps_its_own_counters(tmp_path: Path) -> None:
+    """A node's error counters follow the node through jobs and the spare pool: they
+    never go back except where a repair clears them, and a repaired spare's pending
+    remap is cleared."""
+    rates = replace(QUIET, fail_stop_per_1000_node_days=6000.0, repair_hours_median=0.5)
+    scenario = Scenario(
+        rates=rates,
+        confounders=Confounders(cluster_slowdowns_per_day=0),
+        jobs=[
+            ClusterSpec(job="a", nodes=4, layout="2x2x8"),
+            ClusterSpec(job="b", nodes=4, layout="2x2x8", report_ranks="tp0"),
+        ],
+        spare_nodes=2,
+    )
+    result = write_history(scenario, 1, 0.25, tmp_path, end=START, shards=1)
+    text = result.files[0].read_text()
+    truth = json.loads(result.ground_truth.read_text())
+    moved = {p["node"] for p in truth["placements"] if p["start"] > truth["start"]}
+    assert moved
+    jobs_of = defaultdict(set)
+    for placement in truth["placements"]:
+        jobs_of[placement["node"]].add(placement["job"])
+    assert any(len(jobs) > 1 for jobs in jobs_of.values())
+    checked = 0
+    for family in ("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"):
+        for labels, values in series(text, family).items():
+            assert values == sorted(values), labels
+            checked += label(labels, "instance") in moved
+    assert checked
+    # a node in the spare pool at the end was repaired: nothing pending on it
+    idle = set(truth["cluster"]["node_names"]) - {
+        p["node"] for p in truth["placements"] if p["end"] >= truth["end"]
+    }
+    for labels, values in series(text, "DCGM_FI_DEV_ROW_REMAP_PENDING").items():
+        if label(labels, "instance") in idle:
+            assert values[-1] == 0, labels

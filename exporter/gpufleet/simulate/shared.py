@@ -49,6 +49,10 @@ from gpufleet.simulate.history import (
 from gpufleet.simulate.serve import MODEL, PCI_BUS_IDS
 
 _OPEN = float("inf")
+# Cleared by a repair (a GPU reset): a node leaves its slot only when it is repaired.
+_RESET_BY_REPAIR = frozenset(
+    metric.name for metric in (cat.ECC_SBE_VOL, cat.ECC_DBE_VOL, cat.ROW_REMAP_PENDING)
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,8 +324,12 @@ class _NodeView:
     def touched(self, gpu: int) -> bool:
         return any((s.slot, gpu) in s.recorder.touched for s in self.segments)
 
-    def gpu_series(self, gpu: int, pick: Any, idle_value: float, counter: bool) -> np.ndarray:
-        """A GPU's series across placements; a counter continues from where it was."""
+    def gpu_series(
+        self, gpu: int, pick: Any, idle_value: float, counter: bool, reset: bool = False
+    ) -> np.ndarray:
+        """A GPU's series across placements. A counter continues from where it was (the
+        slot's changes are added to the node's own value), or from 0 if ``reset``: the
+        repair that ended the placement cleared it."""
         values = np.full(self.ticks, np.nan)
         index = np.arange(self.ticks)
         base = idle_value
@@ -340,7 +348,7 @@ class _NodeView:
             present = part[~np.isnan(part)]
             if counter and len(present):
                 values[segment.mask] = base + part - present[0]
-                base += float(present[-1] - present[0])
+                base = 0.0 if reset else base + float(present[-1] - present[0])
             elif not counter:
                 values[segment.mask] = part
         values[self.idle & (index >= cursor)] = base
@@ -487,7 +495,9 @@ def _write_gpu_errors(out: _Writer, shared: SharedCluster, views: list[_NodeView
     for name in GPU_COUNTERS:
         out.declare(_GPU_METRICS[name])
         for view, gpu in touched:
-            values = view.gpu_series(gpu, _counter_of(name), 0.0, counter=True)
+            values = view.gpu_series(
+                gpu, _counter_of(name), 0.0, counter=True, reset=name in _RESET_BY_REPAIR
+            )
             out.present(name, view.gpu_labels(gpu), values)
     out.declare(cat.THROTTLE_ACTIVE)
     for view, gpu in touched:
