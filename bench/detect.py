@@ -148,7 +148,7 @@ MODES: dict[str, str] = {
     "that a true rate of 0.3 false pages a day has an interval below 0.67",
     "shapes": "five job shapes sharing 60 nodes (8 and 2 nodes per stage, TP rank 0 only, "
     "step time only, overlapped collectives; 4 spares), boosted fail-stop and fail-slow, "
-    "4 days, scored per class and per job shape",
+    "3 days, scored per class and per job shape",
     "shapes-quick": "the shapes cluster for half a day on the tuning seed (iterating)",
 }
 
@@ -160,7 +160,7 @@ def parts_for(mode: str) -> list[Part]:
     if mode == "headline":
         return [Part("realistic", scenario_for(256), 3.0, (104, 105, 106))]
     if mode == "shapes":
-        return [Part("shapes", shapes_scenario(), 4.0, (501,))]
+        return [Part("shapes", shapes_scenario(), 3.0, (501,))]
     if mode == "shapes-quick":
         return [Part("shapes", shapes_scenario(), 0.5, (951,))]
     if mode == "false-pages":
