@@ -13,6 +13,23 @@ Times are relative to the start of the simulation ("90s", "2m", "1h", "1d" or
 seconds); nodes are indices or names (``node-005``). ``{kind: checkpoint, start: 80s}``
 makes every node checkpoint at once then, beside the periodic checkpoints (skipped,
 like them, while the job is down).
+
+A shared cluster runs several jobs, each with its own settings over ``cluster``
+(see ``gpufleet.simulate.shared``); an episode then names its job, and its node
+is a slot of that job (0 .. the job's nodes - 1)::
+
+    spare_nodes: 4
+    jobs:
+      - {job: wide, nodes: 24, layout: 8x3x8}
+      - {job: small-stages, nodes: 8, layout: 4x4x4, report_ranks: tp0}
+      - {job: step-only, nodes: 8, step_only: true}
+      - {job: overlapped, nodes: 8, comm_overlap: 0.6}
+    episodes:
+      - {kind: fail_slow_compute, job: small-stages, node: 3, gpu: 6, start: 1h, duration: 30m}
+
+``report_ranks: tp0``: only tensor-parallel rank 0 of each TP group sends steps;
+``step_only``: ranks send the step time alone; ``comm_overlap``: the share of
+the collectives' time hidden behind compute (the exposed rest is what waits).
 """
 
 from __future__ import annotations
