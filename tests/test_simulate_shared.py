@@ -249,3 +249,21 @@ def test_a_moving_node_keeps_its_own_counters(tmp_path: Path) -> None:
     for labels, values in series(text, "DCGM_FI_DEV_ROW_REMAP_PENDING").items():
         if label(labels, "instance") in idle:
             assert values[-1] == 0, labels
+
+
+def test_a_live_node_exposes_only_its_reporting_ranks() -> None:
+    from gpufleet.simulate.serve import node_exposition
+
+    spec = ClusterSpec(nodes=8, layout="4x4x4", report_ranks="tp0")
+    cluster = Cluster(Scenario(cluster=spec, rates=QUIET), 2, START, 3600.0)
+    run(cluster, 600)
+    text = node_exposition(cluster, 3).decode()
+    ranks = {
+        label(line, "rank")
+        for line in text.splitlines()
+        if line.startswith("gpufleet_training_rank_steps_total{")
+    }
+    assert ranks == {"24", "28"}  # node 3 holds ranks 24-31: TP rank 0 of two groups
+    assert 'gpufleet_training_ranks{node="node-003",pp_stage="1",training_job="sim-llm"} 2.0' in (
+        text
+    )
