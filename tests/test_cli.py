@@ -211,3 +211,38 @@ def test_parser_requires_a_command() -> None:
     with pytest.raises(SystemExit):
         build_parser().parse_args([])
     assert isinstance(build_parser(), argparse.ArgumentParser)
+
+
+def test_every_flag_of_a_service_has_a_variable_and_help_names_it() -> None:
+    from gpufleet.cli import COMMANDS
+    from gpufleet.cli.options import Command
+
+    services = [c for c in COMMANDS if isinstance(c, Command) and c.service]
+    assert {c.name for c in services} == {"agent", "fleet", "simulate", "demo"}
+    for command in services:
+        shown = run_cli(command.name, "--help").stdout
+        for option in command.options:
+            assert option.env and option.env.startswith("GPUFLEET_"), (command.name, option.flag)
+            assert option.env in shown, (command.name, option.env)
+
+
+def test_simulator_flags_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpufleet.cli import parse
+
+    for name in [k for k in os.environ if k.startswith("GPUFLEET_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("GPUFLEET_SIM_NODES", "16")
+    monkeypatch.setenv("GPUFLEET_SIM_LISTEN", "0.0.0.0:9600")
+    values = parse(["simulate", "--seed", "3"])
+    assert (values.nodes, values.listen, values.seed) == (16, ("0.0.0.0", 9600), 3)
+    assert (values.scenario, values.tick, values.log_level) == ("realistic-week", 1.0, "warning")
+    assert parse(["simulate", "--nodes", "8"]).nodes == 8  # the flag wins
+    monkeypatch.setenv("GPUFLEET_SIM_NODES", "many")
+    with pytest.raises(ConfigError, match="GPUFLEET_SIM_NODES: 'many' is not a whole number"):
+        parse(["simulate"])
+
+
+def test_a_bad_value_of_a_one_shot_command_exits_2_naming_the_flag() -> None:
+    result = run_cli("exclusions", "top", "--days", "soon")
+    assert result.returncode == 2
+    assert result.stderr.strip() == "gpufleet exclusions: --days: 'soon' is not a number"

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from deploy_tools import REPO, build_wheel, tool
-from gpufleet.cli import COMMAND_EXTRAS, build_parser
+from gpufleet.cli import COMMAND_EXTRAS, parse
 from gpufleet.deploytree import DeployTree
 
 COMPOSE = REPO / "docker-compose.yml"
@@ -106,10 +106,9 @@ def test_every_service_is_pinned_and_published_on_loopback_only() -> None:
 
 
 def test_gpufleet_commands_parse_with_the_real_cli() -> None:
-    parser = build_parser()
-    fleet = parser.parse_args(service("fleet")["command"])
-    assert fleet.command == "fleet"
-    simulator = parser.parse_args(service("simulator")["command"])
+    fleet = parse(service("fleet")["command"])
+    assert fleet.listen == ("0.0.0.0", 9406)
+    simulator = parse(service("simulator")["command"])
     assert (simulator.scenario, simulator.nodes) == ("demo", 64)
     assert simulator.listen == ("simulator", 9500)
     assert service("simulator")["hostname"] == "simulator"
@@ -153,7 +152,7 @@ def test_prometheus_config_paths_resolve_to_mounted_checkout_files() -> None:
 def test_compose_target_lists_name_the_compose_services() -> None:
     fleet = json.loads((DEPLOY / "compose/targets/fleet/fleet.json").read_text())
     assert fleet[0]["targets"] == ["fleet:9406"]
-    assert build_parser().parse_args(service("fleet")["command"]).listen == "0.0.0.0:9406"
+    assert parse(service("fleet")["command"]).listen == ("0.0.0.0", 9406)
     alertmanager = json.loads(
         (DEPLOY / "compose/targets/alertmanager/alertmanager.json").read_text()
     )

@@ -432,3 +432,19 @@ def write_report(report: Report, out: Path, fmt: str = "md") -> Path:
         path.write_text("<!doctype html><meta charset=utf-8><body>" + "\n".join(parts) + "</body>")
     (out / "figures.json").write_text(json.dumps(report.figures, indent=1, default=str))
     return path
+
+
+def read_ledger(db: str | None, client: Any) -> LedgerData:
+    """The ledger's history: from its SQLite file when ``db`` names one (the ledger need not
+    run), else every page of its API through ``client`` (a ``LedgerClient``)."""
+    if not db:
+        return LedgerData(client.get_all("/v1/exclusions"), client.get_all("/v1/attempts"))
+    from gpufleet.fleet.store import LedgerStore
+
+    if not Path(db).exists():
+        raise ReportError(f"--db {db}: no such file")
+    store = LedgerStore(db)
+    try:
+        return LedgerData(store.exclusions(), store.attempts())
+    finally:
+        store.close()

@@ -9,15 +9,19 @@ through it therefore records exactly the calls the agent makes.
 from __future__ import annotations
 
 import ctypes
+import json
 import socket
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 import pynvml
 
+from gpufleet.exposition import render
 from gpufleet.gpu.fake import FIXTURE_FORMAT
-from gpufleet.gpu.reader import NvmlApi, handle_key
+from gpufleet.gpu.reader import NvmlApi, NvmlReader, handle_key
+from gpufleet.gpu.render import gpu_families
 
 
 def _error_name(code: int) -> str:
@@ -183,3 +187,26 @@ class RecordingNvml:
             metric = request.metrics[slot]
             if int(metric.nvmlReturn) == 0:
                 recorded[str(metric.metricId)] = float(metric.value)
+
+
+def record_fixture(node: str, out: str, metrics_out: str | None = None) -> str:
+    """Read this machine's GPUs twice through real NVML and write every answer to ``out``
+    (and the GPU part of /metrics to ``metrics_out``); returns a one-line summary.
+    Raises NvmlUnavailable when there is no driver."""
+    recorder = RecordingNvml(pynvml)
+    reader = NvmlReader(recorder, node)
+    reader.open()
+    reader.read()
+    time.sleep(1.0)  # GPM metrics are rates between two samples
+    snapshot = reader.read()
+    reader.close()
+    with open(out, "w", encoding="utf-8") as handle:
+        json.dump(recorder.fixture(), handle, indent=1)
+        handle.write("\n")
+    if metrics_out:
+        with open(metrics_out, "wb") as handle:
+            handle.write(render(gpu_families(snapshot)))
+    return (
+        f"recorded {len(snapshot.gpus)} GPUs into {out}; "
+        f"errors: {reader.errors.snapshot() or 'none'}; unsupported: {snapshot.unsupported}"
+    )

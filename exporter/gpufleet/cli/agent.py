@@ -1,0 +1,255 @@
+"""``gpufleet agent`` (the per-node agent) and ``gpufleet nvml-record``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import socket
+import sys
+
+from gpufleet.cli.options import (
+    LOG_FORMAT,
+    Command,
+    ConfigError,
+    Option,
+    boolean,
+    choice,
+    env,
+    label_name,
+    listen,
+    log_level_option,
+    positive_int,
+    positive_seconds,
+    read_secret,
+    text,
+    ttl_seconds,
+)
+
+AGENT_OPTIONS = (
+    Option("--listen", listen, "0.0.0.0:9405", "HOST:PORT to serve on", env="GPUFLEET_LISTEN"),
+    Option(
+        "--gpu-source",
+        choice("nvml", "synthetic", "none"),
+        "nvml",
+        "where GPU metrics come from: nvml (the driver), synthetic (demo data for 8 H100s) or"
+        " none (training-metrics ingest only)",
+        env="GPUFLEET_GPU_SOURCE",
+    ),
+    Option(
+        "--gpu-interval",
+        positive_seconds,
+        "5",
+        "seconds between NVML collection cycles",
+        env="GPUFLEET_GPU_INTERVAL",
+    ),
+    Option(
+        "--node",
+        text,
+        None,
+        "node name on every series (default: $NODE_NAME, else the hostname)",
+        env="GPUFLEET_NODE",
+    ),
+    Option(
+        "--node-label",
+        label_name,
+        "Hostname",
+        "label naming the node on GPU series: Hostname as every released dcgm-exporter, or "
+        "hostname as its main branch",
+        env="GPUFLEET_NODE_LABEL",
+    ),
+    Option(
+        "--expected-gpus",
+        positive_int,
+        None,
+        "GPUs this node should have; fewer seen is reported (default: as many as first seen)",
+        env="GPUFLEET_EXPECTED_GPUS",
+    ),
+    Option(
+        "--nvml-call-timeout",
+        positive_seconds,
+        None,
+        "seconds after which an NVML call that has not returned counts as hung (default: the "
+        "GPU interval, at least 5)",
+        env="GPUFLEET_NVML_CALL_TIMEOUT",
+    ),
+    Option(
+        "--gpu-stale-after",
+        positive_seconds,
+        None,
+        "seconds after which a snapshot is too old to serve (default: 3 intervals, at least 15)",
+        env="GPUFLEET_GPU_STALE_AFTER",
+    ),
+    Option(
+        "--ingest-token-file",
+        text,
+        None,
+        "file holding the bearer token required to POST training events (a mounted Secret); "
+        "the token may also come from $GPUFLEET_INGEST_TOKEN, never from a flag",
+        env="GPUFLEET_INGEST_TOKEN_FILE",
+    ),
+    Option(
+        "--allow-unauthenticated-ingest",
+        boolean,
+        "false",
+        "without a token, accept training events from beyond loopback too (by default only "
+        "loopback clients may write when no token is set)",
+        env="GPUFLEET_ALLOW_UNAUTHENTICATED_INGEST",
+        switch=True,
+    ),
+    Option(
+        "--job-ttl",
+        ttl_seconds,
+        "900",
+        "seconds after which a training job that stopped reporting is forgotten",
+        env="GPUFLEET_JOB_TTL",
+    ),
+    Option(
+        "--max-jobs",
+        positive_int,
+        "16",
+        "training jobs tracked at once",
+        env="GPUFLEET_MAX_JOBS",
+    ),
+    Option(
+        "--max-stages",
+        positive_int,
+        "64",
+        "(training_job, pp_stage) pairs tracked at once",
+        env="GPUFLEET_MAX_STAGES",
+    ),
+    Option(
+        "--max-ranks-per-stage",
+        positive_int,
+        "64",
+        "ranks tracked per (training_job, pp_stage)",
+        env="GPUFLEET_MAX_RANKS_PER_STAGE",
+    ),
+    Option(
+        "--max-series",
+        positive_int,
+        "5000",
+        "training and checkpoint series exported, in all",
+        env="GPUFLEET_MAX_SERIES",
+    ),
+    Option(
+        "--max-batch-events",
+        positive_int,
+        "4096",
+        "events accepted in one POST",
+        env="GPUFLEET_MAX_BATCH_EVENTS",
+    ),
+    Option(
+        "--max-body-bytes",
+        positive_int,
+        "2097152",
+        "largest ingest body accepted",
+        env="GPUFLEET_MAX_BODY_BYTES",
+    ),
+    Option(
+        "--max-connections",
+        positive_int,
+        "512",
+        "HTTP connections held open; beyond it the oldest idle one is closed",
+        env="GPUFLEET_MAX_CONNECTIONS",
+    ),
+    Option(
+        "--max-connections-per-client",
+        positive_int,
+        "64",
+        "HTTP connections one client address may hold",
+        env="GPUFLEET_MAX_CONNECTIONS_PER_CLIENT",
+    ),
+    log_level_option("GPUFLEET_LOG_LEVEL"),
+)
+
+
+def node_name(explicit: str | None) -> str:
+    """The node identity: --node / GPUFLEET_NODE, else NODE_NAME (downward API), else hostname."""
+    return explicit or env("NODE_NAME") or socket.gethostname()
+
+
+def ingest_token(token_file: str | None) -> str | None:
+    """The agent's ingest token: from --ingest-token-file / GPUFLEET_INGEST_TOKEN_FILE, else
+    GPUFLEET_INGEST_TOKEN. Never from a flag: a command line is visible in ``ps``."""
+    from_env = env("GPUFLEET_INGEST_TOKEN")
+    if token_file is None:
+        return from_env.strip() if from_env else None
+    if from_env:
+        raise ConfigError(
+            "both an ingest token file (--ingest-token-file / GPUFLEET_INGEST_TOKEN_FILE) and "
+            "GPUFLEET_INGEST_TOKEN are set; keep one"
+        )
+    return read_secret("--ingest-token-file", token_file)
+
+
+def run_agent(values: argparse.Namespace) -> int:
+    from gpufleet.agent.app import AgentSettings
+    from gpufleet.agent.connections import ConnectionLimits
+    from gpufleet.agent.startup import run_agent as start
+    from gpufleet.agent.training_aggregate import IngestLimits
+
+    logging.basicConfig(level=values.log_level.upper(), format=LOG_FORMAT)
+    host, port = values.listen
+    settings = AgentSettings(
+        node=node_name(values.node),
+        host=host,
+        port=port,
+        gpu_source=values.gpu_source,
+        gpu_interval=values.gpu_interval,
+        expected_gpus=values.expected_gpus,
+        stale_after=values.gpu_stale_after,
+        nvml_call_timeout=values.nvml_call_timeout,
+        ingest_token=ingest_token(values.ingest_token_file),
+        allow_unauthenticated_ingest=values.allow_unauthenticated_ingest,
+        node_label=values.node_label,
+        limits=IngestLimits(
+            job_ttl_s=values.job_ttl,
+            max_jobs=values.max_jobs,
+            max_stages=values.max_stages,
+            max_ranks_per_stage=values.max_ranks_per_stage,
+            max_series=values.max_series,
+            max_batch_events=values.max_batch_events,
+            max_body_bytes=values.max_body_bytes,
+        ),
+        connections=ConnectionLimits(
+            max_connections=values.max_connections,
+            max_connections_per_client=values.max_connections_per_client,
+        ),
+    )
+    return start(settings, values.log_level)
+
+
+def run_nvml_record(values: argparse.Namespace) -> int:
+    from gpufleet.gpu.reader import NvmlUnavailable
+    from gpufleet.gpu.record import record_fixture
+
+    try:
+        print(record_fixture(node_name(values.node), values.out, values.metrics_out))
+    except NvmlUnavailable as error:
+        print(f"gpufleet nvml-record: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+AGENT = Command(
+    "agent",
+    run_agent,
+    AGENT_OPTIONS,
+    help="run the per-node agent (GPU metrics and training-metrics ingest)",
+    description="Serve DCGM-compatible GPU metrics and the training-metrics ingest API.",
+    extra="agent",
+    service=True,
+)
+NVML_RECORD = Command(
+    "nvml-record",
+    run_nvml_record,
+    (
+        Option("--out", text, None, "fixture JSON to write", required=True),
+        Option("--metrics-out", text, None, "also write the GPU part of /metrics here"),
+        Option("--node", text, None, "node name for the labels (default: hostname)"),
+    ),
+    help="record this machine's NVML answers as a test fixture",
+    description="Run one collection through real NVML and save every answer as a fixture "
+    "that the tests' fake NVML replays.",
+    extra="agent",
+)

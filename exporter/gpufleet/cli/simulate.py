@@ -1,0 +1,233 @@
+"""``gpufleet simulate``, ``gpufleet demo`` and ``gpufleet mixin``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from gpufleet.cli.options import (
+    LOG_FORMAT,
+    Command,
+    ConfigError,
+    Option,
+    boolean,
+    integer,
+    listen,
+    log_level_option,
+    number,
+    text,
+)
+
+SIMULATE_OPTIONS = (
+    Option("--nodes", integer, None, "nodes (default: the scenario's)", env="GPUFLEET_SIM_NODES"),
+    Option(
+        "--gpus-per-node",
+        integer,
+        None,
+        "GPUs per node (default: 8)",
+        env="GPUFLEET_SIM_GPUS_PER_NODE",
+    ),
+    Option(
+        "--layout",
+        text,
+        None,
+        "DPxPPxTP, e.g. 8x4x8 (default: TP = GPUs per node)",
+        env="GPUFLEET_SIM_LAYOUT",
+    ),
+    Option(
+        "--scenario",
+        text,
+        "realistic-week",
+        "a bundled scenario name or a YAML file",
+        env="GPUFLEET_SIM_SCENARIO",
+    ),
+    Option(
+        "--list-scenarios",
+        boolean,
+        "false",
+        "list bundled scenarios",
+        env="GPUFLEET_SIM_LIST_SCENARIOS",
+        switch=True,
+    ),
+    Option("--seed", integer, "0", "random seed", env="GPUFLEET_SIM_SEED"),
+    Option(
+        "--listen", listen, "127.0.0.1:9500", "HOST:PORT to serve on", env="GPUFLEET_SIM_LISTEN"
+    ),
+    Option(
+        "--targets-file",
+        text,
+        "gpufleet-sim-targets.json",
+        "Prometheus file_sd file to write ('' for none)",
+        env="GPUFLEET_SIM_TARGETS_FILE",
+    ),
+    Option("--tick", number, "1", "seconds between updates", env="GPUFLEET_SIM_TICK"),
+    Option(
+        "--horizon",
+        number,
+        "30",
+        "days of timeline to draw up (live mode)",
+        env="GPUFLEET_SIM_HORIZON",
+    ),
+    Option(
+        "--history",
+        number,
+        None,
+        "write DAYS of history",
+        env="GPUFLEET_SIM_HISTORY",
+        metavar="DAYS",
+    ),
+    Option(
+        "--out",
+        text,
+        None,
+        "directory for the history and its ground truth",
+        env="GPUFLEET_SIM_OUT",
+    ),
+    Option(
+        "--end",
+        number,
+        None,
+        "Unix time the history ends (default: now)",
+        env="GPUFLEET_SIM_END",
+    ),
+    Option(
+        "--history-step",
+        number,
+        "30",
+        "seconds between history samples",
+        env="GPUFLEET_SIM_HISTORY_STEP",
+    ),
+    Option("--shards", integer, "2", "processes writing the history", env="GPUFLEET_SIM_SHARDS"),
+    Option(
+        "--fleet-url",
+        text,
+        None,
+        "also report exclusions and job attempts to this fleet ledger",
+        env="GPUFLEET_SIM_FLEET_URL",
+    ),
+    Option(
+        "--fleet-token",
+        text,
+        None,
+        "the ledger's bearer token, if it needs one (else from $GPUFLEET_FLEET_TOKEN_FILE)",
+        env="GPUFLEET_FLEET_TOKEN",
+    ),
+    log_level_option("GPUFLEET_SIM_LOG_LEVEL", default="warning"),
+)
+
+
+def run_simulate(values: argparse.Namespace) -> int:
+    from gpufleet.simulate.config import ScenarioError, load_scenario
+    from gpufleet.simulate.run import FeedError, scenario_list, serve_live, write_history
+
+    if values.list_scenarios:
+        print("\n".join(scenario_list()))
+        return 0
+    logging.basicConfig(level=values.log_level.upper(), format=LOG_FORMAT)
+    try:
+        scenario = load_scenario(values.scenario).with_cluster(
+            nodes=values.nodes, gpus_per_node=values.gpus_per_node, layout=values.layout
+        )
+        scenario.cluster.resolved_layout()
+    except ScenarioError as error:
+        raise ConfigError(str(error)) from None
+    if values.history is None:
+        host, port = values.listen
+        serve_live(
+            scenario,
+            values.seed,
+            host,
+            port,
+            horizon_days=values.horizon,
+            tick=values.tick,
+            targets_file=values.targets_file,
+            fleet_url=values.fleet_url,
+            fleet_token=values.fleet_token,
+            log_level=values.log_level,
+        )
+        return 0
+    if values.out is None:
+        raise ConfigError("--history needs --out DIR")
+    try:
+        summary = write_history(
+            scenario,
+            values.seed,
+            values.history,
+            Path(values.out),
+            end=values.end,
+            step=values.history_step,
+            shards=values.shards,
+            fleet_url=values.fleet_url,
+            fleet_token=values.fleet_token,
+        )
+    except FeedError as error:
+        raise ConfigError(str(error)) from None
+    print(summary)
+    return 0
+
+
+def run_demo(values: argparse.Namespace) -> int:
+    from gpufleet.demo import run_demo as run
+
+    return run(Path(values.workdir), values.scenario, values.nodes, pager_port=values.pager_port)
+
+
+def run_mixin(values: argparse.Namespace) -> int:
+    from gpufleet.rules.__main__ import generate
+    from gpufleet.rules.config import ConfigError as RulesConfigError
+
+    try:
+        written = generate(values.out, values.config)
+    except RulesConfigError as error:
+        raise ConfigError(str(error)) from None
+    for path in written:
+        print(f"wrote {path}")
+    return 0
+
+
+SIMULATE = Command(
+    "simulate",
+    run_simulate,
+    SIMULATE_OPTIONS,
+    help="serve a synthetic cluster as scrape targets, or write its history",
+    description="A seeded synthetic cluster of N nodes x G GPUs training one synchronous "
+    "job, with realistic faults. Serves every node at /nodes/<node>/metrics, or with "
+    "--history writes DAYS of it as OpenMetrics (for promtool) plus the ground truth.",
+    extra="sim",
+    service=True,
+)
+DEMO = Command(
+    "demo",
+    run_demo,
+    (
+        Option("--workdir", text, ".demo", "where logs and data go", env="GPUFLEET_DEMO_WORKDIR"),
+        Option("--scenario", text, "demo", "simulator scenario", env="GPUFLEET_DEMO_SCENARIO"),
+        Option("--nodes", integer, "64", "simulated nodes", env="GPUFLEET_DEMO_NODES"),
+        Option(
+            "--pager-port",
+            integer,
+            None,
+            "run the pager on this port instead of the one deploy/alertmanager/alertmanager.yml "
+            "names (9407): Alertmanager then reads a copy with only that port changed",
+            env="GPUFLEET_DEMO_PAGER_PORT",
+        ),
+    ),
+    help="run a local demo stack (simulator, Prometheus, Alertmanager) until Ctrl-C",
+    description="Start a 64-node simulated cluster, a real Prometheus and Alertmanager on "
+    "127.0.0.1, and print their URLs.",
+    extra="sim",
+    service=True,
+)
+MIXIN = Command(
+    "mixin",
+    run_mixin,
+    (
+        Option("--config", text, None, "site YAML of knobs (default: none, the defaults)"),
+        Option("--out", text, "gpufleet-rules", "directory for the rule files"),
+    ),
+    help="write the alerting and recording rules with a site's own settings",
+    description="Generate gpufleet's rule files with the knobs of a site YAML (scrape job "
+    "selectors, node label names, thresholds, presence alerts) over the defaults.",
+    extra="sim",
+)
