@@ -21,6 +21,7 @@ from gpufleet.cli.options import (
     positive_int,
     positive_seconds,
     read_secret,
+    settings,
     text,
     ttl_seconds,
 )
@@ -190,33 +191,18 @@ def run_agent(values: argparse.Namespace) -> int:
 
     logging.basicConfig(level=values.log_level.upper(), format=LOG_FORMAT)
     host, port = values.listen
-    settings = AgentSettings(
+    agent = settings(
+        AgentSettings,
+        values,
         node=node_name(values.node),
         host=host,
         port=port,
-        gpu_source=values.gpu_source,
-        gpu_interval=values.gpu_interval,
-        expected_gpus=values.expected_gpus,
         stale_after=values.gpu_stale_after,
-        nvml_call_timeout=values.nvml_call_timeout,
         ingest_token=ingest_token(values.ingest_token_file),
-        allow_unauthenticated_ingest=values.allow_unauthenticated_ingest,
-        node_label=values.node_label,
-        limits=IngestLimits(
-            job_ttl_s=values.job_ttl,
-            max_jobs=values.max_jobs,
-            max_stages=values.max_stages,
-            max_ranks_per_stage=values.max_ranks_per_stage,
-            max_series=values.max_series,
-            max_batch_events=values.max_batch_events,
-            max_body_bytes=values.max_body_bytes,
-        ),
-        connections=ConnectionLimits(
-            max_connections=values.max_connections,
-            max_connections_per_client=values.max_connections_per_client,
-        ),
+        limits=settings(IngestLimits, values, job_ttl_s=values.job_ttl),
+        connections=settings(ConnectionLimits, values),
     )
-    return start(settings, values.log_level)
+    return start(agent, values.log_level)
 
 
 def run_nvml_record(values: argparse.Namespace) -> int:

@@ -21,6 +21,7 @@ from gpufleet.cli.options import (
     number,
     positive_int,
     secret,
+    settings,
     text,
     window,
 )
@@ -129,13 +130,7 @@ def run_fleet(values: argparse.Namespace) -> int:
 
     logging.basicConfig(level=values.log_level.upper(), format=LOG_FORMAT)
     token, read_token = secret(values, "token"), secret(values, "read_token")
-    limits = LedgerLimits(
-        max_nodes=values.max_nodes,
-        max_training_jobs=values.max_training_jobs,
-        max_reasons=values.max_reasons,
-        max_exclusion_series=values.max_exclusion_series,
-        idempotency_window_s=values.idempotency_window,
-    )
+    limits = settings(LedgerLimits, values, idempotency_window_s=values.idempotency_window)
     try:
         store = open_ledger(values.db, limits)
     except LedgerOpenError as error:

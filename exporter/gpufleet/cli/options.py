@@ -10,15 +10,17 @@ value came from and what is accepted.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from gpufleet.secrets import SecretFileError, read_secret_file
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+T = TypeVar("T")
 
 
 class ConfigError(Exception):
@@ -250,3 +252,12 @@ def read_secret(flag: str, path: str) -> str:
         return read_secret_file(path)
     except SecretFileError as error:
         raise ConfigError(f"{flag}: {error}") from None
+
+
+def settings(cls: type[T], values: argparse.Namespace, **renamed: Any) -> T:
+    """The dataclass ``cls`` filled from the resolved options named like its fields, plus
+    ``renamed`` for those whose flag says it differently (``--job-ttl`` -> ``job_ttl_s``):
+    a new setting is its field and one Option line, nothing in between."""
+    names = {field.name for field in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    matching = {name: value for name, value in vars(values).items() if name in names}
+    return cls(**{**matching, **renamed})

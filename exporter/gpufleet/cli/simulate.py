@@ -16,6 +16,7 @@ from gpufleet.cli.options import (
     listen,
     log_level_option,
     number,
+    settings,
     text,
 )
 
@@ -119,7 +120,13 @@ SIMULATE_OPTIONS = (
 
 def run_simulate(values: argparse.Namespace) -> int:
     from gpufleet.simulate.config import ScenarioError, load_scenario
-    from gpufleet.simulate.run import FeedError, scenario_list, serve_live, write_history
+    from gpufleet.simulate.run import (
+        FeedError,
+        SimulatorRun,
+        scenario_list,
+        serve_live,
+        write_history,
+    )
 
     if values.list_scenarios:
         print("\n".join(scenario_list()))
@@ -132,38 +139,16 @@ def run_simulate(values: argparse.Namespace) -> int:
         scenario.cluster.resolved_layout()
     except ScenarioError as error:
         raise ConfigError(str(error)) from None
-    if values.history is None:
-        host, port = values.listen
-        serve_live(
-            scenario,
-            values.seed,
-            host,
-            port,
-            horizon_days=values.horizon,
-            tick=values.tick,
-            targets_file=values.targets_file,
-            fleet_url=values.fleet_url,
-            fleet_token=values.fleet_token,
-            log_level=values.log_level,
-        )
+    run = settings(SimulatorRun, values)
+    if run.history is None:
+        serve_live(scenario, run)
         return 0
     if values.out is None:
         raise ConfigError("--history needs --out DIR")
     try:
-        summary = write_history(
-            scenario,
-            values.seed,
-            values.history,
-            Path(values.out),
-            end=values.end,
-            step=values.history_step,
-            shards=values.shards,
-            fleet_url=values.fleet_url,
-            fleet_token=values.fleet_token,
-        )
+        print(write_history(scenario, run, Path(values.out)))
     except FeedError as error:
         raise ConfigError(str(error)) from None
-    print(summary)
     return 0
 
 

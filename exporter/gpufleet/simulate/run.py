@@ -4,12 +4,32 @@ optionally reporting exclusions and job attempts to a fleet ledger)."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from gpufleet.fleet.ledger_client import LedgerClient
 from gpufleet.simulate.cluster import Cluster
 from gpufleet.simulate.config import Scenario, load_scenario, scenario_names
 from gpufleet.simulate.ledger_feed import LedgerEvent, LedgerFeed, ledger_events
+
+
+@dataclass(frozen=True)
+class SimulatorRun:
+    """How one ``gpufleet simulate`` runs (its flags, named alike): live on ``listen`` for
+    ``horizon`` days of timeline, or, with ``history`` days, into files."""
+
+    seed: int
+    listen: tuple[str, int]
+    horizon: float
+    tick: float
+    targets_file: str
+    history: float | None
+    end: float | None
+    history_step: float
+    shards: int
+    fleet_url: str | None
+    fleet_token: str | None
+    log_level: str
 
 
 class FeedError(RuntimeError):
@@ -22,37 +42,30 @@ def scenario_list() -> list[str]:
 
 
 def ledger_feed(
-    cluster: Cluster, scenario: Scenario, seed: int, url: str, token: str | None
+    cluster: Cluster, scenario: Scenario, run: SimulatorRun
 ) -> tuple[LedgerFeed, list[LedgerEvent]]:
-    """A feed of the cluster's exclusions and job attempts to the ledger at ``url``, and the
+    """A feed of the cluster's exclusions and job attempts to the run's ledger, and the
     events it will post."""
-    events = ledger_events(cluster.timeline, cluster.node_names, scenario.cluster.job, seed)
-    return LedgerFeed(LedgerClient(url, token), events), events
+    events = ledger_events(cluster.timeline, cluster.node_names, scenario.cluster.job, run.seed)
+    return LedgerFeed(LedgerClient(run.fleet_url, run.fleet_token), events), events
 
 
-def write_history(
-    scenario: Scenario,
-    seed: int,
-    days: float,
-    out: Path,
-    *,
-    end: float | None,
-    step: float,
-    shards: int,
-    fleet_url: str | None = None,
-    fleet_token: str | None = None,
-) -> str:
-    """Write ``days`` of history (and feed the ledger up to its end); a one-line summary."""
+def write_history(scenario: Scenario, run: SimulatorRun, out: Path) -> str:
+    """Write ``run.history`` days of history into ``out`` (and feed the ledger up to its
+    end); returns a one-line summary."""
     from gpufleet.simulate.history import write_history as write
 
-    result = write(scenario, seed, days, out, end=end, step=step, shards=shards)
-    if fleet_url:
-        cluster = Cluster(scenario, seed, result.start, result.end - result.start)
-        feed, events = ledger_feed(cluster, scenario, seed, fleet_url, fleet_token)
+    days = run.history or 0.0
+    result = write(
+        scenario, run.seed, days, out, end=run.end, step=run.history_step, shards=run.shards
+    )
+    if run.fleet_url:
+        cluster = Cluster(scenario, run.seed, result.start, result.end - result.start)
+        feed, events = ledger_feed(cluster, scenario, run)
         posted = feed.post_until(result.end)
         if feed.failed or posted < sum(1 for event in events if event.at <= result.end):
-            raise FeedError(f"the ledger at {fleet_url} took {posted} of the events")
-        print(f"posted {posted} exclusion and attempt events to {fleet_url}")
+            raise FeedError(f"the ledger at {run.fleet_url} took {posted} of the events")
+        print(f"posted {posted} exclusion and attempt events to {run.fleet_url}")
     return (
         f"wrote {result.samples:,} samples of {scenario.cluster.nodes} nodes x "
         f"{days:g} days in {result.seconds:.1f} s: "
@@ -60,30 +73,19 @@ def write_history(
     )
 
 
-def serve_live(
-    scenario: Scenario,
-    seed: int,
-    host: str,
-    port: int,
-    *,
-    horizon_days: float,
-    tick: float,
-    targets_file: str,
-    fleet_url: str | None,
-    fleet_token: str | None,
-    log_level: str,
-) -> None:
+def serve_live(scenario: Scenario, run: SimulatorRun) -> None:
     """Serve every node at /nodes/<node>/metrics until SIGINT/SIGTERM."""
     from gpufleet.simulate.serve import SimulatorServer
     from gpufleet.web import serve
 
-    cluster = Cluster(scenario, seed, time.time(), horizon_days * 86400)
-    feed = ledger_feed(cluster, scenario, seed, fleet_url, fleet_token)[0] if fleet_url else None
-    server = SimulatorServer(cluster, tick_s=tick, feed=feed)
-    if targets_file:
-        server.write_targets(Path(targets_file), f"{host}:{port}")
+    host, port = run.listen
+    cluster = Cluster(scenario, run.seed, time.time(), run.horizon * 86400)
+    feed = ledger_feed(cluster, scenario, run)[0] if run.fleet_url else None
+    server = SimulatorServer(cluster, tick_s=run.tick, feed=feed)
+    if run.targets_file:
+        server.write_targets(Path(run.targets_file), f"{host}:{port}")
     server.start()
     try:
-        serve(server, host, port, log_level)
+        serve(server, host, port, run.log_level)
     finally:
         server.stop()
