@@ -24,144 +24,51 @@ from gpufleet.cli.options import (
     settings,
     text,
     ttl_seconds,
+    variables,
 )
 
-AGENT_OPTIONS = (
-    Option("--listen", listen, "0.0.0.0:9405", "HOST:PORT to serve on", env="GPUFLEET_LISTEN"),
-    Option(
-        "--gpu-source",
-        choice("nvml", "synthetic", "none"),
-        "nvml",
-        "where GPU metrics come from: nvml (the driver), synthetic (demo data for 8 H100s) or"
-        " none (training-metrics ingest only)",
-        env="GPUFLEET_GPU_SOURCE",
-    ),
-    Option(
-        "--gpu-interval",
-        positive_seconds,
-        "5",
-        "seconds between NVML collection cycles",
-        env="GPUFLEET_GPU_INTERVAL",
-    ),
-    Option(
-        "--node",
-        text,
-        None,
-        "node name on every series (default: $NODE_NAME, else the hostname)",
-        env="GPUFLEET_NODE",
-    ),
-    Option(
-        "--node-label",
-        label_name,
-        "Hostname",
-        "label naming the node on GPU series: Hostname as every released dcgm-exporter, or "
-        "hostname as its main branch",
-        env="GPUFLEET_NODE_LABEL",
-    ),
-    Option(
-        "--expected-gpus",
-        positive_int,
-        None,
-        "GPUs this node should have; fewer seen is reported (default: as many as first seen)",
-        env="GPUFLEET_EXPECTED_GPUS",
-    ),
-    Option(
-        "--nvml-call-timeout",
-        positive_seconds,
-        None,
-        "seconds after which an NVML call that has not returned counts as hung (default: the "
-        "GPU interval, at least 5)",
-        env="GPUFLEET_NVML_CALL_TIMEOUT",
-    ),
-    Option(
-        "--gpu-stale-after",
-        positive_seconds,
-        None,
-        "seconds after which a snapshot is too old to serve (default: 3 intervals, at least 15)",
-        env="GPUFLEET_GPU_STALE_AFTER",
-    ),
-    Option(
-        "--ingest-token-file",
-        text,
-        None,
-        "file holding the bearer token required to POST training events (a mounted Secret); "
-        "the token may also come from $GPUFLEET_INGEST_TOKEN, never from a flag",
-        env="GPUFLEET_INGEST_TOKEN_FILE",
-    ),
-    Option(
-        "--allow-unauthenticated-ingest",
-        boolean,
-        "false",
-        "without a token, accept training events from beyond loopback too (by default only "
-        "loopback clients may write when no token is set)",
-        env="GPUFLEET_ALLOW_UNAUTHENTICATED_INGEST",
-        switch=True,
-    ),
-    Option(
-        "--job-ttl",
-        ttl_seconds,
-        "900",
-        "seconds after which a training job that stopped reporting is forgotten",
-        env="GPUFLEET_JOB_TTL",
-    ),
-    Option(
-        "--max-jobs",
-        positive_int,
-        "16",
-        "training jobs tracked at once",
-        env="GPUFLEET_MAX_JOBS",
-    ),
-    Option(
-        "--max-stages",
-        positive_int,
-        "64",
-        "(training_job, pp_stage) pairs tracked at once",
-        env="GPUFLEET_MAX_STAGES",
-    ),
-    Option(
-        "--max-ranks-per-stage",
-        positive_int,
-        "64",
-        "ranks tracked per (training_job, pp_stage)",
-        env="GPUFLEET_MAX_RANKS_PER_STAGE",
-    ),
-    Option(
-        "--max-series",
-        positive_int,
-        "5000",
-        "training and checkpoint series exported, in all",
-        env="GPUFLEET_MAX_SERIES",
-    ),
-    Option(
-        "--max-batch-events",
-        positive_int,
-        "4096",
-        "events accepted in one POST",
-        env="GPUFLEET_MAX_BATCH_EVENTS",
-    ),
-    Option(
-        "--max-body-bytes",
-        positive_int,
-        "2097152",
-        "largest ingest body accepted",
-        env="GPUFLEET_MAX_BODY_BYTES",
-    ),
-    Option(
-        "--max-connections",
-        positive_int,
-        "512",
-        "HTTP connections held open; beyond it the oldest idle one is closed",
-        env="GPUFLEET_MAX_CONNECTIONS",
-    ),
-    Option(
-        "--max-connections-per-client",
-        positive_int,
-        "64",
-        "HTTP connections one client address may hold",
-        env="GPUFLEET_MAX_CONNECTIONS_PER_CLIENT",
-    ),
+# fmt: off
+AGENT_OPTIONS = variables("GPUFLEET_", (
+    Option("--listen", listen, "0.0.0.0:9405", "HOST:PORT to serve on"),
+    Option("--gpu-source", choice("nvml", "synthetic", "none"), "nvml",
+           "where GPU metrics come from: nvml (the driver), synthetic (demo data for 8 H100s) "
+           "or none (training-metrics ingest only)"),
+    Option("--gpu-interval", positive_seconds, "5", "seconds between NVML collection cycles"),
+    Option("--node", text, None,
+           "node name on every series (default: $NODE_NAME, else the hostname)"),
+    Option("--node-label", label_name, "Hostname",
+           "label naming the node on GPU series: Hostname as every released dcgm-exporter, "
+           "or hostname as its main branch"),
+    Option("--expected-gpus", positive_int, None,
+           "GPUs this node should have; fewer seen is reported (default: as many as first seen)"),
+    Option("--nvml-call-timeout", positive_seconds, None,
+           "seconds after which an NVML call that has not returned counts as hung "
+           "(default: the GPU interval, at least 5)"),
+    Option("--gpu-stale-after", positive_seconds, None,
+           "seconds after which a snapshot is too old to serve "
+           "(default: 3 intervals, at least 15)"),
+    Option("--ingest-token-file", text, None,
+           "file holding the bearer token required to POST training events (a mounted Secret); "
+           "the token may also come from $GPUFLEET_INGEST_TOKEN, never from a flag"),
+    Option("--allow-unauthenticated-ingest", boolean, "false",
+           "without a token, accept training events from beyond loopback too (by default only "
+           "loopback clients may write when no token is set)", switch=True),
+    Option("--job-ttl", ttl_seconds, "900",
+           "seconds after which a training job that stopped reporting is forgotten"),
+    Option("--max-jobs", positive_int, "16", "training jobs tracked at once"),
+    Option("--max-stages", positive_int, "64", "(training_job, pp_stage) pairs tracked at once"),
+    Option("--max-ranks-per-stage", positive_int, "64",
+           "ranks tracked per (training_job, pp_stage)"),
+    Option("--max-series", positive_int, "5000", "training and checkpoint series exported, in all"),
+    Option("--max-batch-events", positive_int, "4096", "events accepted in one POST"),
+    Option("--max-body-bytes", positive_int, "2097152", "largest ingest body accepted"),
+    Option("--max-connections", positive_int, "512",
+           "HTTP connections held open; beyond it the oldest idle one is closed"),
+    Option("--max-connections-per-client", positive_int, "64",
+           "HTTP connections one client address may hold"),
     log_level_option("GPUFLEET_LOG_LEVEL"),
-)
+))
+# fmt: on
 
 
 def node_name(explicit: str | None) -> str:

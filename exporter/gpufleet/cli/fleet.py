@@ -23,91 +23,37 @@ from gpufleet.cli.options import (
     secret,
     settings,
     text,
+    variables,
     window,
 )
 
-FLEET_OPTIONS = (
-    Option(
-        "--listen",
-        listen,
-        "0.0.0.0:9406",
-        "HOST:PORT to serve on",
-        env="GPUFLEET_FLEET_LISTEN",
-    ),
-    Option("--db", text, "gpufleet-fleet.db", "SQLite database file", env="GPUFLEET_FLEET_DB"),
-    Option(
-        "--token",
-        text,
-        None,
-        "bearer token for writes and reads; prefer --token-file (a flag shows in `ps`)",
-        env="GPUFLEET_FLEET_TOKEN",
-    ),
-    Option(
-        "--token-file",
-        text,
-        None,
-        "file holding the bearer token for writes and reads (e.g. a mounted Secret)",
-        env="GPUFLEET_FLEET_TOKEN_FILE",
-    ),
-    Option(
-        "--read-token",
-        text,
-        None,
-        "a second token that may only read /v1 (prefer --read-token-file)",
-        env="GPUFLEET_FLEET_READ_TOKEN",
-    ),
-    Option(
-        "--read-token-file",
-        text,
-        None,
-        "file holding the read-only token",
-        env="GPUFLEET_FLEET_READ_TOKEN_FILE",
-    ),
-    Option(
-        "--allow-unauthenticated-writes",
-        boolean,
-        "false",
-        "without a token, accept writes from beyond loopback too (otherwise they get 403)",
-        env="GPUFLEET_FLEET_ALLOW_UNAUTHENTICATED_WRITES",
-        switch=True,
-    ),
-    Option(
-        "--max-nodes",
-        positive_int,
-        "10000",
-        "distinct node label values the ledger exports, ever (beyond: 429)",
-        env="GPUFLEET_FLEET_MAX_NODES",
-    ),
-    Option(
-        "--max-training-jobs",
-        positive_int,
-        "500",
-        "distinct training_job label values the ledger exports, ever (beyond: 429)",
-        env="GPUFLEET_FLEET_MAX_TRAINING_JOBS",
-    ),
-    Option(
-        "--max-reasons",
-        positive_int,
-        "256",
-        "distinct exclusion reasons the ledger exports, ever (beyond: 429)",
-        env="GPUFLEET_FLEET_MAX_REASONS",
-    ),
-    Option(
-        "--max-exclusion-series",
-        positive_int,
-        "10000",
-        "distinct (node, reason, source) exclusion series, ever (beyond: 429)",
-        env="GPUFLEET_FLEET_MAX_EXCLUSION_SERIES",
-    ),
-    Option(
-        "--idempotency-window",
-        window,
-        "7d",
-        "how long an Idempotency-Key is remembered (a retry must come within it), e.g. 7d, 48h",
-        env="GPUFLEET_FLEET_IDEMPOTENCY_WINDOW",
-    ),
+# fmt: off
+FLEET_OPTIONS = variables("GPUFLEET_FLEET_", (
+    Option("--listen", listen, "0.0.0.0:9406", "HOST:PORT to serve on"),
+    Option("--db", text, "gpufleet-fleet.db", "SQLite database file"),
+    Option("--token", text, None,
+           "bearer token for writes and reads; prefer --token-file (a flag shows in `ps`)"),
+    Option("--token-file", text, None,
+           "file holding the bearer token for writes and reads (e.g. a mounted Secret)"),
+    Option("--read-token", text, None,
+           "a second token that may only read /v1 (prefer --read-token-file)"),
+    Option("--read-token-file", text, None, "file holding the read-only token"),
+    Option("--allow-unauthenticated-writes", boolean, "false",
+           "without a token, accept writes from beyond loopback too (otherwise they get 403)",
+           switch=True),
+    Option("--max-nodes", positive_int, "10000",
+           "distinct node label values the ledger exports, ever (beyond: 429)"),
+    Option("--max-training-jobs", positive_int, "500",
+           "distinct training_job label values the ledger exports, ever (beyond: 429)"),
+    Option("--max-reasons", positive_int, "256",
+           "distinct exclusion reasons the ledger exports, ever (beyond: 429)"),
+    Option("--max-exclusion-series", positive_int, "10000",
+           "distinct (node, reason, source) exclusion series, ever (beyond: 429)"),
+    Option("--idempotency-window", window, "7d",
+           "how long an Idempotency-Key is remembered (a retry must come within it), e.g. 7d, 48h"),
     log_level_option("GPUFLEET_LOG_LEVEL"),
-)
+))
+# fmt: on
 
 # The flags every command that talks to a running ledger takes. The tokens' variables are
 # read by LedgerClient (GPUFLEET_FLEET_TOKEN wins over GPUFLEET_FLEET_TOKEN_FILE there).

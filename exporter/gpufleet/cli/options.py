@@ -261,3 +261,14 @@ def settings(cls: type[T], values: argparse.Namespace, **renamed: Any) -> T:
     names = {field.name for field in dataclasses.fields(cls)}  # type: ignore[arg-type]
     matching = {name: value for name, value in vars(values).items() if name in names}
     return cls(**{**matching, **renamed})
+
+
+def variables(prefix: str, options: tuple[Option, ...]) -> tuple[Option, ...]:
+    """A service's options, each settable from ``<prefix><FLAG>`` (``--max-jobs`` under
+    ``GPUFLEET_`` is ``GPUFLEET_MAX_JOBS``) unless it names its own variable."""
+    return tuple(
+        option
+        if option.env or option.positional
+        else dataclasses.replace(option, env=prefix + option.dest.upper())
+        for option in options
+    )

@@ -18,104 +18,43 @@ from gpufleet.cli.options import (
     number,
     settings,
     text,
+    variables,
 )
 
-SIMULATE_OPTIONS = (
-    Option("--nodes", integer, None, "nodes (default: the scenario's)", env="GPUFLEET_SIM_NODES"),
-    Option(
-        "--gpus-per-node",
-        integer,
-        None,
-        "GPUs per node (default: 8)",
-        env="GPUFLEET_SIM_GPUS_PER_NODE",
-    ),
-    Option(
-        "--layout",
-        text,
-        None,
-        "DPxPPxTP, e.g. 8x4x8 (default: TP = GPUs per node)",
-        env="GPUFLEET_SIM_LAYOUT",
-    ),
-    Option(
-        "--scenario",
-        text,
-        "realistic-week",
-        "a bundled scenario name or a YAML file",
-        env="GPUFLEET_SIM_SCENARIO",
-    ),
-    Option(
-        "--list-scenarios",
-        boolean,
-        "false",
-        "list bundled scenarios",
-        env="GPUFLEET_SIM_LIST_SCENARIOS",
-        switch=True,
-    ),
-    Option("--seed", integer, "0", "random seed", env="GPUFLEET_SIM_SEED"),
-    Option(
-        "--listen", listen, "127.0.0.1:9500", "HOST:PORT to serve on", env="GPUFLEET_SIM_LISTEN"
-    ),
-    Option(
-        "--targets-file",
-        text,
-        "gpufleet-sim-targets.json",
-        "Prometheus file_sd file to write ('' for none)",
-        env="GPUFLEET_SIM_TARGETS_FILE",
-    ),
-    Option("--tick", number, "1", "seconds between updates", env="GPUFLEET_SIM_TICK"),
-    Option(
-        "--horizon",
-        number,
-        "30",
-        "days of timeline to draw up (live mode)",
-        env="GPUFLEET_SIM_HORIZON",
-    ),
-    Option(
-        "--history",
-        number,
-        None,
-        "write DAYS of history",
-        env="GPUFLEET_SIM_HISTORY",
-        metavar="DAYS",
-    ),
-    Option(
-        "--out",
-        text,
-        None,
-        "directory for the history and its ground truth",
-        env="GPUFLEET_SIM_OUT",
-    ),
-    Option(
-        "--end",
-        number,
-        None,
-        "Unix time the history ends (default: now)",
-        env="GPUFLEET_SIM_END",
-    ),
-    Option(
-        "--history-step",
-        number,
-        "30",
-        "seconds between history samples",
-        env="GPUFLEET_SIM_HISTORY_STEP",
-    ),
-    Option("--shards", integer, "2", "processes writing the history", env="GPUFLEET_SIM_SHARDS"),
-    Option(
-        "--fleet-url",
-        text,
-        None,
-        "also report exclusions and job attempts to this fleet ledger",
-        env="GPUFLEET_SIM_FLEET_URL",
-    ),
-    Option(
-        "--fleet-token",
-        text,
-        None,
-        "the ledger's bearer token, if it needs one (else from $GPUFLEET_FLEET_TOKEN_FILE)",
-        env="GPUFLEET_FLEET_TOKEN",
-    ),
+# fmt: off
+SIMULATE_OPTIONS = variables("GPUFLEET_SIM_", (
+    Option("--nodes", integer, None, "nodes (default: the scenario's)"),
+    Option("--gpus-per-node", integer, None, "GPUs per node (default: 8)"),
+    Option("--layout", text, None, "DPxPPxTP, e.g. 8x4x8 (default: TP = GPUs per node)"),
+    Option("--scenario", text, "realistic-week", "a bundled scenario name or a YAML file"),
+    Option("--list-scenarios", boolean, "false", "list bundled scenarios", switch=True),
+    Option("--seed", integer, "0", "random seed"),
+    Option("--listen", listen, "127.0.0.1:9500", "HOST:PORT to serve on"),
+    Option("--targets-file", text, "gpufleet-sim-targets.json",
+           "Prometheus file_sd file to write ('' for none)"),
+    Option("--tick", number, "1", "seconds between updates"),
+    Option("--horizon", number, "30", "days of timeline to draw up (live mode)"),
+    Option("--history", number, None, "write DAYS of history", metavar="DAYS"),
+    Option("--out", text, None, "directory for the history and its ground truth"),
+    Option("--end", number, None, "Unix time the history ends (default: now)"),
+    Option("--history-step", number, "30", "seconds between history samples"),
+    Option("--shards", integer, "2", "processes writing the history"),
+    Option("--fleet-url", text, None, "also report exclusions and job attempts to this ledger"),
+    # The ledger's own variable, as every command that talks to the ledger reads it.
+    Option("--fleet-token", text, None,
+           "the ledger's bearer token, if it needs one (else from $GPUFLEET_FLEET_TOKEN_FILE)",
+           env="GPUFLEET_FLEET_TOKEN"),
     log_level_option("GPUFLEET_SIM_LOG_LEVEL", default="warning"),
-)
+))
+DEMO_OPTIONS = variables("GPUFLEET_DEMO_", (
+    Option("--workdir", text, ".demo", "where logs and data go"),
+    Option("--scenario", text, "demo", "simulator scenario"),
+    Option("--nodes", integer, "64", "simulated nodes"),
+    Option("--pager-port", integer, None,
+           "run the pager on this port instead of the one deploy/alertmanager/alertmanager.yml "
+           "names (9407): Alertmanager then reads a copy with only that port changed"),
+))
+# fmt: on
 
 
 def run_simulate(values: argparse.Namespace) -> int:
@@ -185,19 +124,7 @@ SIMULATE = Command(
 DEMO = Command(
     "demo",
     run_demo,
-    (
-        Option("--workdir", text, ".demo", "where logs and data go", env="GPUFLEET_DEMO_WORKDIR"),
-        Option("--scenario", text, "demo", "simulator scenario", env="GPUFLEET_DEMO_SCENARIO"),
-        Option("--nodes", integer, "64", "simulated nodes", env="GPUFLEET_DEMO_NODES"),
-        Option(
-            "--pager-port",
-            integer,
-            None,
-            "run the pager on this port instead of the one deploy/alertmanager/alertmanager.yml "
-            "names (9407): Alertmanager then reads a copy with only that port changed",
-            env="GPUFLEET_DEMO_PAGER_PORT",
-        ),
-    ),
+    DEMO_OPTIONS,
     help="run a local demo stack (simulator, Prometheus, Alertmanager) until Ctrl-C",
     description="Start a 64-node simulated cluster, a real Prometheus and Alertmanager on "
     "127.0.0.1, and print their URLs.",
