@@ -5,152 +5,130 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.models import dashboard as dm
 
-from gpufleet.dashboards.common import (
-    Grid,
-    dashboard,
-    query_variable,
-    quoted,
-    sel,
-    stat_panel,
-    table_panel,
-    target,
-    targets,
-    thresholds,
-    timeseries_panel,
-)
+from gpufleet.dashboards import common
 from gpufleet.dashboards.names import Recorded
 from gpufleet.rules.config import RulesConfig
 from gpufleet.schema import training as ts
 
 UID = "gpufleet-checkpoint"
-JOB = 'training_job="$training_job"'
 
 
 def build(config: RulesConfig) -> dm.Dashboard:
     r = Recorded.of(config)
-    job = sel(JOB)
-    raw = sel(config.agent_selector, JOB)
+    job = common.sel(common.JOB)
+    raw = common.sel(config.agent_selector, common.JOB)
 
     def rate(name: str, by: str) -> str:
         return f"sum by ({by}) (rate({name}{{{raw}}}[$__rate_interval]))"
 
     queue = ts.CHECKPOINT_QUEUE_WAIT_SECONDS.name
     ops = ts.CHECKPOINT_OPERATIONS.name
-    grid = Grid()
-    grid.add(
-        timeseries_panel(
-            "Queue wait vs service time per operation",
-            "Mean seconds a checkpoint operation waited in the storage client's queue and "
-            "was being served, over the last hour. At scale the wait, not the write, dominates.",
-            "s",
-            targets(
-                (f"{r.queue_wait_per_op}{{{job}}}", "{{op}} queued"),
-                (f"{r.seconds_per_op}{{{job}}} - {r.queue_wait_per_op}{{{job}}}", "{{op}} served"),
+    grid = common.Grid()
+    grid.timeseries(
+        12,
+        8,
+        "Queue wait vs service time per operation",
+        "Mean seconds a checkpoint operation waited in the storage client's queue and "
+        "was being served, over the last hour. At scale the wait, not the write, dominates.",
+        "s",
+        common.targets(
+            (f"{r.queue_wait_per_op}{{{job}}}", "{{op}} queued"),
+            (f"{r.seconds_per_op}{{{job}}} - {r.queue_wait_per_op}{{{job}}}", "{{op}} served"),
+        ),
+        stacked=True,
+    )
+    grid.timeseries(
+        12,
+        8,
+        "Queue-wait share",
+        f"Share of checkpoint time spent queued over {config.checkpoint_window}. "
+        f"GpuFleetCheckpointQueueBound pages above {config.checkpoint_queue_share:g} with at "
+        f"least {config.checkpoint_min_writers} writers.",
+        "percentunit",
+        common.targets((f"{r.queue_share}{{{job}}}", "{{training_job}}")),
+        limit_at=config.checkpoint_queue_share,
+    )
+    grid.timeseries(
+        12,
+        8,
+        "Save / restore duration per node",
+        "Seconds per checkpoint operation on each node (queued + served) over "
+        f"{config.rate_window}, where it checkpointed. Budgets: save {config.checkpoint_save_budget_s:g} s, "
+        f"restore {config.checkpoint_restore_budget_s:g} s.",
+        "s",
+        common.targets((f"{r.node_seconds_per_op}{{{job}}}", "{{node}} {{op}}")),
+        bars=True,
+    )
+    grid.timeseries(
+        12,
+        8,
+        "Checkpoint bytes/s per node",
+        "Checkpoint bytes each node wrote or read per second.",
+        "Bps",
+        common.targets((f"{r.node_checkpoint_bytes}{{{job}}}", "{{node}} {{op}}")),
+        stacked=True,
+    )
+    grid.timeseries(
+        12,
+        8,
+        "Concurrent writers vs queue wait",
+        "Checkpoint operations in flight across the job against the queue wait they "
+        "accumulate per second: queueing appears only once many nodes write at once.",
+        "short",
+        common.targets(
+            (
+                f"sum by (training_job) ({ts.CHECKPOINT_IN_FLIGHT.name}{{{raw}}})",
+                "writers in flight",
             ),
-            stacked=True,
+            (rate(queue, "training_job"), "queue wait (s/s)"),
+            (f"{r.writers}{{{job}}}", "nodes that wrote in " + config.checkpoint_window),
         ),
+    )
+    saved = common.sel(
+        config.agent_selector,
+        common.JOB,
+        "op=" + common.quoted("save"),
+        "outcome=" + common.quoted("ok"),
+    )
+    grid.stat(
         12,
         8,
+        "Time since the last successful save",
+        "Per job, how long ago any node last completed a checkpoint save (5-minute resolution).",
+        "s",
+        [
+            common.target(
+                f"time() - max by (training_job) (max_over_time(\n"
+                f"  (timestamp(changes({ops}{{{saved}}}[5m]) > 0))[1d:5m]\n))",
+                "{{training_job}}",
+            )
+        ],
+        steps=common.thresholds((None, "green"), (2 * 3600, "orange"), (6 * 3600, "red")),
     )
-    grid.add(
-        timeseries_panel(
-            "Queue-wait share",
-            f"Share of checkpoint time spent queued over {config.checkpoint_window}. "
-            f"GpuFleetCheckpointQueueBound pages above {config.checkpoint_queue_share:g} with at "
-            f"least {config.checkpoint_min_writers} writers.",
-            "percentunit",
-            targets((f"{r.queue_share}{{{job}}}", "{{training_job}}")),
-            limit_at=config.checkpoint_queue_share,
-        ),
+    grid.table(
         12,
         8,
+        "Checkpoint writers per job",
+        f"Nodes that checkpointed within {config.checkpoint_window}, and the queue-wait "
+        "share they saw.",
+        "short",
+        [
+            common.target(f"{r.writers}{{{common.sel()}}}", instant=True, ref="A"),
+            common.target(f"{r.queue_share}{{{common.sel()}}}", instant=True, ref="B"),
+        ],
+        link_node=False,
+        columns=("nodes writing", "queue-wait share"),
     )
-    grid.add(
-        timeseries_panel(
-            "Save / restore duration per node",
-            "Seconds per checkpoint operation on each node (queued + served) over "
-            f"{config.rate_window}, where it checkpointed. Budgets: save {config.checkpoint_save_budget_s:g} s, "
-            f"restore {config.checkpoint_restore_budget_s:g} s.",
-            "s",
-            targets((f"{r.node_seconds_per_op}{{{job}}}", "{{node}} {{op}}")),
-            bars=True,
-        ),
-        12,
-        8,
-    )
-    grid.add(
-        timeseries_panel(
-            "Checkpoint bytes/s per node",
-            "Checkpoint bytes each node wrote or read per second.",
-            "Bps",
-            targets((f"{r.node_checkpoint_bytes}{{{job}}}", "{{node}} {{op}}")),
-            stacked=True,
-        ),
-        12,
-        8,
-    )
-    grid.add(
-        timeseries_panel(
-            "Concurrent writers vs queue wait",
-            "Checkpoint operations in flight across the job against the queue wait they "
-            "accumulate per second: queueing appears only once many nodes write at once.",
-            "short",
-            targets(
-                (
-                    f"sum by (training_job) ({ts.CHECKPOINT_IN_FLIGHT.name}{{{raw}}})",
-                    "writers in flight",
-                ),
-                (rate(queue, "training_job"), "queue wait (s/s)"),
-                (f"{r.writers}{{{job}}}", "nodes that wrote in " + config.checkpoint_window),
-            ),
-        ),
-        12,
-        8,
-    )
-    saved = sel(config.agent_selector, JOB, "op=" + quoted("save"), "outcome=" + quoted("ok"))
-    grid.add(
-        stat_panel(
-            "Time since the last successful save",
-            "Per job, how long ago any node last completed a checkpoint save (5-minute resolution).",
-            "s",
-            [
-                target(
-                    f"time() - max by (training_job) (max_over_time(\n"
-                    f"  (timestamp(changes({ops}{{{saved}}}[5m]) > 0))[1d:5m]\n))",
-                    "{{training_job}}",
-                )
-            ],
-            steps=thresholds((None, "green"), (2 * 3600, "orange"), (6 * 3600, "red")),
-        ),
-        12,
-        8,
-    )
-    grid.add(
-        table_panel(
-            "Checkpoint writers per job",
-            f"Nodes that checkpointed within {config.checkpoint_window}, and the queue-wait "
-            "share they saw.",
-            "short",
-            [
-                target(f"{r.writers}{{{sel()}}}", instant=True, ref="A"),
-                target(f"{r.queue_share}{{{sel()}}}", instant=True, ref="B"),
-            ],
-            link_node=False,
-            columns=("nodes writing", "queue-wait share"),
-        ),
-        12,
-        8,
-    )
-    return dashboard(
+    return common.dashboard(
         UID,
         "gpufleet / Checkpoint I/O",
         "Where checkpoint time goes: queued for storage or being written, and how that "
         "grows with the number of writers.",
         [
-            query_variable(
+            common.query_variable(
                 "training_job",
                 "Training job",
-                f"label_values({ts.CHECKPOINT_OPERATIONS.name}{{{sel(config.agent_selector)}}}, training_job)",
+                f"label_values({ts.CHECKPOINT_OPERATIONS.name}{{{common.sel(config.agent_selector)}}}, training_job)",
             )
         ],
         grid,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Self
+from typing import Any, Protocol, Self
 
 from grafana_foundation_sdk.builders import common as cb
 from grafana_foundation_sdk.builders import dashboard as db
@@ -26,6 +26,7 @@ from grafana_foundation_sdk.models import prometheus as pm
 TAG = "gpufleet"
 DATASOURCE = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 CLUSTER = 'cluster=~"$cluster"'
+JOB = 'training_job="$training_job"'  # the job dashboards' variable, as a matcher
 NODE_DASHBOARD = "gpufleet-node"
 # Dashboard width in Grafana's grid units.
 WIDTH = 24
@@ -100,6 +101,23 @@ class Grid:
         self.panels.append(panel.id(len(self.panels) + 1).grid_pos(position).build())
         self._x += width
         self._row_height = max(self._row_height, height)
+
+    # One method per panel kind: each places the panel its namesake function builds.
+    def timeseries(self, width: int, height: int, /, *args: Any, **options: Any) -> None:
+        """``timeseries_panel(*args, **options)`` placed ``width`` x ``height``."""
+        self.add(timeseries_panel(*args, **options), width, height)
+
+    def stat(self, width: int, height: int, /, *args: Any, **options: Any) -> None:
+        """``stat_panel(*args, **options)`` placed ``width`` x ``height``."""
+        self.add(stat_panel(*args, **options), width, height)
+
+    def table(self, width: int, height: int, /, *args: Any, **options: Any) -> None:
+        """``table_panel(*args, **options)`` placed ``width`` x ``height``."""
+        self.add(table_panel(*args, **options), width, height)
+
+    def heatmap(self, width: int, height: int, /, *args: Any, **options: Any) -> None:
+        """``heatmap_panel(*args, **options)`` placed ``width`` x ``height``."""
+        self.add(heatmap_panel(*args, **options), width, height)
 
 
 def timeseries_panel(

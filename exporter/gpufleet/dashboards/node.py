@@ -10,17 +10,7 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.models import dashboard as dm
 
-from gpufleet.dashboards.common import (
-    Grid,
-    dashboard,
-    query_variable,
-    quoted,
-    sel,
-    table_panel,
-    target,
-    targets,
-    timeseries_panel,
-)
+from gpufleet.dashboards import common
 from gpufleet.dashboards.names import Recorded
 from gpufleet.gpu import catalogue as cat
 from gpufleet.rules.common import Record
@@ -41,21 +31,21 @@ def this_node(config: RulesConfig, name: str, by: str = "node, gpu", wrap: str =
     the series through the index: mapping every GPU of the fleet to its node at query time
     would read all of them on each refresh.
     """
-    series = f"{name}{{{sel(config.gpu_selector, 'UUID=~' + quoted('$uuid'), 'gpu=~' + quoted('$gpu'))}}}"
+    series = f"{name}{{{common.sel(config.gpu_selector, 'UUID=~' + common.quoted('$uuid'), 'gpu=~' + common.quoted('$gpu'))}}}"
     if wrap:
         series = wrap.format(series)
     return (
         f"max by ({by}) (\n  {series}\n"
-        f"  * on (UUID) group_left (node) {Recorded.of(config).gpu_node}{{{sel(NODE)}}}\n)"
+        f"  * on (UUID) group_left (node) {Recorded.of(config).gpu_node}{{{common.sel(NODE)}}}\n)"
     )
 
 
 def build(config: RulesConfig) -> dm.Dashboard:
     r = Recorded.of(config)
-    grid = Grid()
+    grid = common.Grid()
     # The signals the score sums, named by the rules that record them.
     signals = "\nor ".join(
-        f'label_replace({rule.record}{{{sel(NODE)}}}, "signal", "{rule.record.rsplit(":", 1)[1]}", "", "")'
+        f'label_replace({rule.record}{{{common.sel(NODE)}}}, "signal", "{rule.record.rsplit(":", 1)[1]}", "", "")'
         for rule in health_recording(config).rules
         if isinstance(rule, Record) and rule.record.startswith(HEALTH_SIGNAL)
     )
@@ -63,10 +53,10 @@ def build(config: RulesConfig) -> dm.Dashboard:
     def gpu_panel(
         title: str, description: str, unit: str, *signals: tuple[str, str], wrap: str = ""
     ) -> None:
-        queries = targets(
+        queries = common.targets(
             *((this_node(config, name, wrap=wrap), legend) for name, legend in signals)
         )
-        grid.add(timeseries_panel(title, description, unit, queries), 8, 7)
+        grid.timeseries(8, 7, title, description, unit, queries)
 
     increase = "increase({}[$__rate_interval])"
     gpu_panel(
@@ -98,23 +88,21 @@ def build(config: RulesConfig) -> dm.Dashboard:
         (cat.SM_CLOCK.name, GPU_LEGEND + " SM"),
         (cat.MEM_CLOCK.name, GPU_LEGEND + " memory"),
     )
-    grid.add(
-        timeseries_panel(
-            "Throttling by reason",
-            "1 while a reason holds the GPU's clocks down (gpufleet's per-reason flags; on "
-            "dcgm-exporter only the hardware reasons, decoded from its bitmask). A hardware "
-            f"slowdown held {config.hw_slowdown_for} pages (GpuFleetHwSlowdown).",
-            "short",
-            targets(
-                (
-                    this_node(config, cat.THROTTLE_ACTIVE.name, "node, gpu, reason")
-                    + f"\nor {r.hw_slowdown}{{{sel(NODE)}}}",
-                    GPU_LEGEND + " {{reason}}",
-                ),
-            ),
-        ),
+    grid.timeseries(
         8,
         7,
+        "Throttling by reason",
+        "1 while a reason holds the GPU's clocks down (gpufleet's per-reason flags; on "
+        "dcgm-exporter only the hardware reasons, decoded from its bitmask). A hardware "
+        f"slowdown held {config.hw_slowdown_for} pages (GpuFleetHwSlowdown).",
+        "short",
+        common.targets(
+            (
+                this_node(config, cat.THROTTLE_ACTIVE.name, "node, gpu, reason")
+                + f"\nor {r.hw_slowdown}{{{common.sel(NODE)}}}",
+                GPU_LEGEND + " {{reason}}",
+            ),
+        ),
     )
     gpu_panel(
         "ECC errors",
@@ -154,16 +142,14 @@ def build(config: RulesConfig) -> dm.Dashboard:
         (cat.PCIE_REPLAY.name, GPU_LEGEND),
         wrap=increase,
     )
-    grid.add(
-        timeseries_panel(
-            "XIDs",
-            f"GPUs of this node that reported each XID within {config.xid_window}.",
-            "short",
-            targets((f"{r.xid_new}{{{sel(NODE)}}}", GPU_LEGEND + " XID {{xid}}")),
-            bars=True,
-        ),
+    grid.timeseries(
         8,
         7,
+        "XIDs",
+        f"GPUs of this node that reported each XID within {config.xid_window}.",
+        "short",
+        common.targets((f"{r.xid_new}{{{common.sel(NODE)}}}", GPU_LEGEND + " XID {{xid}}")),
+        bars=True,
     )
     gpu_panel(
         f"GPU answering ({cat.GPU_UP.name})",
@@ -171,94 +157,88 @@ def build(config: RulesConfig) -> dm.Dashboard:
         "short",
         (cat.GPU_UP.name, GPU_LEGEND),
     )
-    grid.add(
-        timeseries_panel(
-            "Health score and its signals",
-            "The node's health score: each weak warning sign adds "
-            f"{config.health_signal_weight:g}; at {config.health_threshold:g} for "
-            f"{config.health_for} it pages (GpuFleetNodeHealthDegraded). The legend names the signals.",
-            "short",
-            targets(
-                (f"{r.health}{{{sel(NODE)}}}", "{{node}} score"),
-                (signals, "{{node}} {{signal}}"),
+    grid.timeseries(
+        12,
+        8,
+        "Health score and its signals",
+        "The node's health score: each weak warning sign adds "
+        f"{config.health_signal_weight:g}; at {config.health_threshold:g} for "
+        f"{config.health_for} it pages (GpuFleetNodeHealthDegraded). The legend names the signals.",
+        "short",
+        common.targets(
+            (f"{r.health}{{{common.sel(NODE)}}}", "{{node}} score"),
+            (signals, "{{node}} {{signal}}"),
+        ),
+        limit_at=config.health_threshold,
+    )
+    grid.timeseries(
+        12,
+        8,
+        "Training time by stage",
+        "Seconds per step this node spends computing, waiting on collectives and waiting "
+        "on the data loader, per pipeline stage and job.",
+        "s",
+        common.targets(
+            (
+                f"{r.phase_per_step}{{{common.sel(NODE)}}}",
+                "{{node}} {{phase}} ({{training_job}} stage {{pp_stage}})",
+            )
+        ),
+        stacked=True,
+    )
+    ckpt = common.sel(config.agent_selector, NODE)
+    grid.timeseries(
+        12,
+        8,
+        "Checkpoint I/O",
+        "Seconds per second this node's checkpoints spend queued for storage and being "
+        "served, per operation.",
+        "s",
+        common.targets(
+            (
+                f"sum by (node, op) (rate({ts.CHECKPOINT_QUEUE_WAIT_SECONDS.name}{{{ckpt}}}[$__rate_interval]))",
+                "{{node}} {{op}} queued",
             ),
-            limit_at=config.health_threshold,
-        ),
-        12,
-        8,
-    )
-    grid.add(
-        timeseries_panel(
-            "Training time by stage",
-            "Seconds per step this node spends computing, waiting on collectives and waiting "
-            "on the data loader, per pipeline stage and job.",
-            "s",
-            targets(
-                (
-                    f"{r.phase_per_step}{{{sel(NODE)}}}",
-                    "{{node}} {{phase}} ({{training_job}} stage {{pp_stage}})",
-                )
+            (
+                f"sum by (node, op) (rate({ts.CHECKPOINT_SERVICE_SECONDS.name}{{{ckpt}}}[$__rate_interval]))",
+                "{{node}} {{op}} served",
             ),
-            stacked=True,
         ),
+        stacked=True,
+    )
+    grid.table(
         12,
         8,
+        "Exclusion history",
+        "How often the fleet ledger excluded this node, by reason and by who "
+        "(auto: the job launcher; manual: an operator), and whether it is excluded now.",
+        "short",
+        [
+            common.target(
+                f"sum by (node, reason, source) ({ledger.EXCLUSIONS.name}{{{common.sel(config.fleet_selector, NODE)}}})",
+                instant=True,
+            )
+        ],
+        columns=("exclusions",),
     )
-    ckpt = sel(config.agent_selector, NODE)
-    grid.add(
-        timeseries_panel(
-            "Checkpoint I/O",
-            "Seconds per second this node's checkpoints spend queued for storage and being "
-            "served, per operation.",
-            "s",
-            targets(
-                (
-                    f"sum by (node, op) (rate({ts.CHECKPOINT_QUEUE_WAIT_SECONDS.name}{{{ckpt}}}[$__rate_interval]))",
-                    "{{node}} {{op}} queued",
-                ),
-                (
-                    f"sum by (node, op) (rate({ts.CHECKPOINT_SERVICE_SECONDS.name}{{{ckpt}}}[$__rate_interval]))",
-                    "{{node}} {{op}} served",
-                ),
-            ),
-            stacked=True,
-        ),
-        12,
-        8,
-    )
-    grid.add(
-        table_panel(
-            "Exclusion history",
-            "How often the fleet ledger excluded this node, by reason and by who "
-            "(auto: the job launcher; manual: an operator), and whether it is excluded now.",
-            "short",
-            [
-                target(
-                    f"sum by (node, reason, source) ({ledger.EXCLUSIONS.name}{{{sel(config.fleet_selector, NODE)}}})",
-                    instant=True,
-                )
-            ],
-            columns=("exclusions",),
-        ),
-        12,
-        8,
-    )
-    return dashboard(
+    return common.dashboard(
         UID,
         "gpufleet / Node",
         "One node: every GPU signal, its health score, training time, checkpoint I/O and exclusions.",
         [
-            query_variable("node", "Node", f"label_values({r.node_gpus}{{{sel()}}}, node)"),
-            query_variable(
+            common.query_variable(
+                "node", "Node", f"label_values({r.node_gpus}{{{common.sel()}}}, node)"
+            ),
+            common.query_variable(
                 "gpu",
                 "GPU",
-                f"label_values({r.gpu_node}{{{sel(NODE)}}}, gpu)",
+                f"label_values({r.gpu_node}{{{common.sel(NODE)}}}, gpu)",
                 include_all=True,
             ),
-            query_variable(
+            common.query_variable(
                 "uuid",
                 "GPU UUIDs",
-                f"label_values({r.gpu_node}{{{sel(NODE)}}}, UUID)",
+                f"label_values({r.gpu_node}{{{common.sel(NODE)}}}, UUID)",
                 include_all=True,
                 all_value=None,
                 hide=True,

@@ -5,18 +5,7 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.models import dashboard as dm
 
-from gpufleet.dashboards.common import (
-    Grid,
-    dashboard,
-    limit,
-    sel,
-    stat_panel,
-    table_panel,
-    target,
-    targets,
-    thresholds,
-    timeseries_panel,
-)
+from gpufleet.dashboards import common
 from gpufleet.dashboards.names import Recorded
 from gpufleet.gpu import catalogue as cat
 from gpufleet.rules.config import RulesConfig
@@ -27,61 +16,57 @@ UID = "gpufleet-overview"
 
 def build(config: RulesConfig) -> dm.Dashboard:
     r = Recorded.of(config)
-    c = sel()
-    agent = sel(config.agent_selector)
+    c = common.sel()
+    agent = common.sel(config.agent_selector)
     up_nodes = f'label_replace(up{{{agent}}}, "node", "$1", "instance", "([^:]+).*")'
     degraded = f"{r.health}{{{c}}} >= {config.health_threshold:g}"
-    excluded = f"{ledger.EXCLUDED.name}{{{sel(config.fleet_selector)}}} == 1"
-    firing = sel('alertstate="firing"', 'alertname=~"GpuFleet.*"')
-    grid = Grid()
+    excluded = f"{ledger.EXCLUDED.name}{{{common.sel(config.fleet_selector)}}} == 1"
+    firing = common.sel('alertstate="firing"', 'alertname=~"GpuFleet.*"')
+    grid = common.Grid()
     counts = [
         ("Healthy nodes", "Nodes whose agent answers, with a health score below the alert's "
          "threshold and no exclusion.",
          f"count(({up_nodes} == 1) unless on (node) ({degraded}) unless on (node) ({excluded})) or vector(0)",
-         thresholds((None, "green"))),
+         common.thresholds((None, "green"))),
         ("Degraded nodes", f"Nodes whose health score is at or above {config.health_threshold:g} "
          "(GpuFleetNodeHealthDegraded's threshold): several weak signs at once.",
-         f"count({degraded}) or vector(0)", thresholds((None, "green"), (1, "orange"))),
+         f"count({degraded}) or vector(0)", common.thresholds((None, "green"), (1, "orange"))),
         ("Down nodes", "Nodes whose gpufleet agent does not answer its scrape.",
-         f"count({up_nodes} == 0) or vector(0)", thresholds((None, "green"), (1, "red"))),
+         f"count({up_nodes} == 0) or vector(0)", common.thresholds((None, "green"), (1, "red"))),
         ("Excluded nodes", "Nodes the fleet ledger holds excluded from jobs now.",
-         f"count({excluded}) or vector(0)", thresholds((None, "green"), (1, "orange"))),
+         f"count({excluded}) or vector(0)", common.thresholds((None, "green"), (1, "orange"))),
     ]  # fmt: skip
     for title, description, expr, steps in counts:
-        grid.add(stat_panel(title, description, "short", [target(expr, title)], steps=steps), 4, 4)
-    grid.add(
-        stat_panel(
-            "Firing alerts by severity",
-            "gpufleet alerts firing now, counted per severity.",
-            "short",
-            [
-                target(
-                    f"count by (severity) (ALERTS{{{firing}}})",
-                    "{{severity}}",
-                )
-            ],
-            steps=thresholds((None, "orange"), (3, "red")),
-        ),
+        grid.stat(4, 4, title, description, "short", [common.target(expr, title)], steps=steps)
+    grid.stat(
         8,
         4,
+        "Firing alerts by severity",
+        "gpufleet alerts firing now, counted per severity.",
+        "short",
+        [
+            common.target(
+                f"count by (severity) (ALERTS{{{firing}}})",
+                "{{severity}}",
+            )
+        ],
+        steps=common.thresholds((None, "orange"), (3, "red")),
     )
-    grid.add(
-        timeseries_panel(
-            "GPUs expected vs seen",
-            "GPUs the nodes should have, those NVML enumerates, and those that answer now. "
-            "A gap is a missing or lost GPU.",
-            "short",
-            targets(
-                (f"sum({cat.GPUS_EXPECTED.name}{{{sel(config.gpu_selector)}}})", "expected"),
-                (f"sum({cat.GPUS_SEEN.name}{{{sel(config.gpu_selector)}}})", "seen"),
-                (f"sum({cat.GPU_UP.name}{{{sel(config.gpu_selector)}}})", "answering"),
-            ),
+    grid.timeseries(
+        8,
+        8,
+        "GPUs expected vs seen",
+        "GPUs the nodes should have, those NVML enumerates, and those that answer now. "
+        "A gap is a missing or lost GPU.",
+        "short",
+        common.targets(
+            (f"sum({cat.GPUS_EXPECTED.name}{{{common.sel(config.gpu_selector)}}})", "expected"),
+            (f"sum({cat.GPUS_SEEN.name}{{{common.sel(config.gpu_selector)}}})", "seen"),
+            (f"sum({cat.GPU_UP.name}{{{common.sel(config.gpu_selector)}}})", "answering"),
         ),
-        8,
-        8,
     )
     grid.add(
-        table_panel(
+        common.table_panel(
             "Nodes by health score",
             "Every node's health score, worst first (0: no warning sign). The score sums weak "
             "signals (correctable remaps, PCIe replays, NVLink replays, single-bit ECC, "
@@ -89,69 +74,63 @@ def build(config: RulesConfig) -> dm.Dashboard:
             f"{config.health_threshold:g} it pages. Click a node for its dashboard.",
             "short",
             [
-                target(
+                common.target(
                     f"sort_desc({r.health}{{{c}}} or on (node) 0 * max by (node) ({up_nodes}))",
                     instant=True,
                 )
             ],
             columns=("health score",),
-        ).thresholds(limit(config.health_threshold)),
+        ).thresholds(common.limit(config.health_threshold)),
         8,
         8,
     )
     grid.add(
-        table_panel(
+        common.table_panel(
             "Straggler candidates",
             "Nodes computing slowest against the median of their pipeline stage now, with "
             f"their robust z-score. GpuFleetStragglerNode pages above {config.straggler_ratio:g}x "
             f"and z {config.straggler_zscore:g} for {config.straggler_for}.",
             "short",
             [
-                target(f"topk(5, {r.compute_ratio}{{{c}}})", instant=True, ref="A"),
-                target(
+                common.target(f"topk(5, {r.compute_ratio}{{{c}}})", instant=True, ref="A"),
+                common.target(
                     f"{r.compute_zscore}{{{c}}} and on (training_job, node, pp_stage) topk(5, {r.compute_ratio}{{{c}}})",
                     instant=True,
                     ref="B",
                 ),
             ],
             columns=("ratio to stage median", "robust z-score"),
-        ).thresholds(limit(config.straggler_ratio)),
+        ).thresholds(common.limit(config.straggler_ratio)),
         8,
         8,
     )
-    grid.add(
-        timeseries_panel(
-            "XID events by code",
-            f"GPUs that reported each XID code within {config.xid_window} "
-            "(gpufleet's counter or dcgm-exporter's last XID).",
-            "short",
-            targets((f"sum by (xid) ({r.xid_new}{{{c}}})", "XID {{xid}}")),
-            bars=True,
-        ),
+    grid.timeseries(
         8,
         8,
+        "XID events by code",
+        f"GPUs that reported each XID code within {config.xid_window} "
+        "(gpufleet's counter or dcgm-exporter's last XID).",
+        "short",
+        common.targets((f"sum by (xid) ({r.xid_new}{{{c}}})", "XID {{xid}}")),
+        bars=True,
     )
-    grid.add(
-        timeseries_panel(
-            "Fleet GPU utilisation",
-            "Mean GPU utilisation over every GPU of the fleet.",
-            "percent",
-            targets((f"{r.fleet_util}{{{c}}}", "mean utilisation")),
-        ),
+    grid.timeseries(
         8,
         8,
+        "Fleet GPU utilisation",
+        "Mean GPU utilisation over every GPU of the fleet.",
+        "percent",
+        common.targets((f"{r.fleet_util}{{{c}}}", "mean utilisation")),
     )
-    grid.add(
-        timeseries_panel(
-            "Fleet GPU power",
-            "Power drawn by all GPUs of the fleet together.",
-            "watt",
-            targets((f"{r.fleet_power}{{{c}}}", "GPU power")),
-        ),
+    grid.timeseries(
         8,
         8,
+        "Fleet GPU power",
+        "Power drawn by all GPUs of the fleet together.",
+        "watt",
+        common.targets((f"{r.fleet_power}{{{c}}}", "GPU power")),
     )
-    return dashboard(
+    return common.dashboard(
         UID,
         "gpufleet / Fleet overview",
         "Where to start: node states, firing alerts, the worst nodes and the fleet's load.",

@@ -6,190 +6,158 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.models import dashboard as dm
 
-from gpufleet.dashboards.common import (
-    Grid,
-    dashboard,
-    limit,
-    query_variable,
-    sel,
-    stat_panel,
-    table_panel,
-    target,
-    targets,
-    thresholds,
-)
+from gpufleet.dashboards import common
 from gpufleet.dashboards.names import Recorded
 from gpufleet.rules.config import RulesConfig
 from gpufleet.schema import ledger
 
 UID = "gpufleet-reliability"
-JOB = 'training_job="$training_job"'
 
 
 def build(config: RulesConfig) -> dm.Dashboard:
     r = Recorded.of(config)
-    c = sel()
-    fleet = sel(config.fleet_selector)
-    grid = Grid()
-    grid.add(
-        stat_panel(
-            "Top-3 nodes' share of exclusions (30 d)",
-            "Share of the fleet's exclusions over 30 days caused by its three most excluded "
-            f"nodes. GpuFleetExclusionConcentration reports above {config.concentration_share:g}.",
-            "percentunit",
-            [target(f"{r.top3_share}{{{c}}}", "top-3 share")],
-            steps=limit(config.concentration_share),
-        ),
+    c = common.sel()
+    fleet = common.sel(config.fleet_selector)
+    grid = common.Grid()
+    grid.stat(
         6,
         5,
+        "Top-3 nodes' share of exclusions (30 d)",
+        "Share of the fleet's exclusions over 30 days caused by its three most excluded "
+        f"nodes. GpuFleetExclusionConcentration reports above {config.concentration_share:g}.",
+        "percentunit",
+        [common.target(f"{r.top3_share}{{{c}}}", "top-3 share")],
+        steps=common.limit(config.concentration_share),
     )
-    grid.add(
-        stat_panel(
-            "Fleet MTBF (30 d)",
-            "Node-hours per exclusion over 30 days: the mean time between failures of one node.",
-            "h",
-            [target(f"{r.mtbf}{{{c}}}", "MTBF")],
-        ),
+    grid.stat(
         6,
         5,
+        "Fleet MTBF (30 d)",
+        "Node-hours per exclusion over 30 days: the mean time between failures of one node.",
+        "h",
+        [common.target(f"{r.mtbf}{{{c}}}", "MTBF")],
     )
-    grid.add(
-        stat_panel(
-            "Effective training time",
-            "Share of the dashboard's time range in which the job made steps (training time / "
-            "wall time): restarts, hangs and restores are the rest.",
-            "percentunit",
-            [
-                target(
-                    f"count_over_time(({r.job_step}{{{sel(JOB)}}} > 0)[$__range:1m]) * 60 / $__range_s",
-                    "{{training_job}}",
-                )
-            ],
-            steps=thresholds((None, "red"), (0.9, "orange"), (0.97, "green")),
-        ),
+    grid.stat(
         6,
         5,
+        "Effective training time",
+        "Share of the dashboard's time range in which the job made steps (training time / "
+        "wall time): restarts, hangs and restores are the rest.",
+        "percentunit",
+        [
+            common.target(
+                f"count_over_time(({r.job_step}{{{common.sel(common.JOB)}}} > 0)[$__range:1m]) * 60 / $__range_s",
+                "{{training_job}}",
+            )
+        ],
+        steps=common.thresholds((None, "red"), (0.9, "orange"), (0.97, "green")),
     )
-    grid.add(
-        stat_panel(
-            "Mean recovery downtime",
-            "Mean time from a failed attempt to the next attempt's first step, by trigger "
-            "(auto: the retry loop; manual: an operator).",
-            "s",
-            [
-                target(
-                    f"sum by (trigger) ({ledger.DOWNTIME.name}_sum{{{fleet}}})\n"
-                    f"/ sum by (trigger) ({ledger.DOWNTIME.name}_count{{{fleet}}})",
-                    "{{trigger}}",
-                )
-            ],
-        ),
+    grid.stat(
         6,
         5,
+        "Mean recovery downtime",
+        "Mean time from a failed attempt to the next attempt's first step, by trigger "
+        "(auto: the retry loop; manual: an operator).",
+        "s",
+        [
+            common.target(
+                f"sum by (trigger) ({ledger.DOWNTIME.name}_sum{{{fleet}}})\n"
+                f"/ sum by (trigger) ({ledger.DOWNTIME.name}_count{{{fleet}}})",
+                "{{trigger}}",
+            )
+        ],
     )
-    grid.add(
-        table_panel(
-            "Exclusion leaderboard (30 d)",
-            "Nodes by exclusions over 30 days, most first: failures concentrate on a few "
-            f"nodes. {config.repeat_offender_exclusions} in {config.repeat_offender_window} "
-            "page (GpuFleetRepeatOffenderNode). Click a node for its dashboard.",
-            "short",
-            [target(f"topk(15, {r.exclusions_node}{{{c}}} > 0)", instant=True)],
-            columns=("exclusions (30 d)",),
-        ),
+    grid.table(
         8,
         9,
+        "Exclusion leaderboard (30 d)",
+        "Nodes by exclusions over 30 days, most first: failures concentrate on a few "
+        f"nodes. {config.repeat_offender_exclusions} in {config.repeat_offender_window} "
+        "page (GpuFleetRepeatOffenderNode). Click a node for its dashboard.",
+        "short",
+        [common.target(f"topk(15, {r.exclusions_node}{{{c}}} > 0)", instant=True)],
+        columns=("exclusions (30 d)",),
     )
-    grid.add(
-        table_panel(
-            "Incidents by cause (30 d)",
-            "Exclusions over 30 days by the reason the ledger recorded.",
-            "short",
-            [target(f"{r.exclusions_reason}{{{c}}} > 0", instant=True)],
-            link_node=False,
-            columns=("exclusions (30 d)",),
-        ),
+    grid.table(
         8,
         9,
+        "Incidents by cause (30 d)",
+        "Exclusions over 30 days by the reason the ledger recorded.",
+        "short",
+        [common.target(f"{r.exclusions_reason}{{{c}}} > 0", instant=True)],
+        link_node=False,
+        columns=("exclusions (30 d)",),
     )
-    grid.add(
-        table_panel(
-            "GPUs with XIDs by code",
-            "GPUs that reported each XID code in the time range, with NVIDIA's catalogue class.",
-            "short",
-            [
-                target(
-                    f"count by (xid, class, meaning) (\n  max by (node, gpu, xid) "
-                    f"(max_over_time({r.xid_new}{{{c}}}[$__range]))\n"
-                    "  * on (xid) group_left (class, meaning) gpufleet:xid_catalogue:info\n)",
-                    instant=True,
-                )
-            ],
-            link_node=False,
-            columns=("GPUs",),
-        ),
+    grid.table(
         8,
         9,
+        "GPUs with XIDs by code",
+        "GPUs that reported each XID code in the time range, with NVIDIA's catalogue class.",
+        "short",
+        [
+            common.target(
+                f"count by (xid, class, meaning) (\n  max by (node, gpu, xid) "
+                f"(max_over_time({r.xid_new}{{{c}}}[$__range]))\n"
+                "  * on (xid) group_left (class, meaning) gpufleet:xid_catalogue:info\n)",
+                instant=True,
+            )
+        ],
+        link_node=False,
+        columns=("GPUs",),
     )
-    grid.add(
-        table_panel(
-            "Job attempts: automatic vs manual",
-            "Attempts of each job by what started them (auto retry or an operator) and how "
-            "they ended; retry chains by outcome.",
-            "short",
-            [
-                target(
-                    f"sum by (training_job, trigger, outcome) ({ledger.ATTEMPTS.name}{{{fleet}}})",
-                    instant=True,
-                    ref="A",
-                ),
-            ],
-            link_node=False,
-            columns=("attempts",),
-        ),
+    grid.table(
         12,
         8,
-    )
-    grid.add(
-        table_panel(
-            "Retry chains",
-            "Chains of automatic retries per job by how they ended, and the failed attempts "
-            f"of the current chain ({config.retry_chain_failed_attempts} page: GpuFleetRetryChainFailing).",
-            "short",
-            [
-                target(
-                    f"sum by (training_job, outcome) ({ledger.CHAINS.name}{{{fleet}}})",
-                    instant=True,
-                    ref="A",
-                ),
-            ],
-            link_node=False,
-            columns=("chains",),
-        ),
-        12,
-        8,
-    )
-    grid.add(
-        stat_panel(
-            "Checkpoint interval: Young/Daly vs actual",
-            "The interval that minimises expected lost work, sqrt(2 x save cost x job MTBF) "
-            "(Young/Daly, from 30 days of failed attempts and a day of save times), against "
-            "how often the job's nodes actually saved over the last hour (saves per rank).",
-            "s",
-            targets(
-                (f"{r.young_daly}{{{sel(JOB)}}}", "Young/Daly optimum"),
-                (f"{r.checkpoint_interval}{{{sel(JOB)}}}", "actual interval"),
+        "Job attempts: automatic vs manual",
+        "Attempts of each job by what started them (auto retry or an operator) and how "
+        "they ended; retry chains by outcome.",
+        "short",
+        [
+            common.target(
+                f"sum by (training_job, trigger, outcome) ({ledger.ATTEMPTS.name}{{{fleet}}})",
+                instant=True,
+                ref="A",
             ),
-        ),
+        ],
+        link_node=False,
+        columns=("attempts",),
+    )
+    grid.table(
+        12,
+        8,
+        "Retry chains",
+        "Chains of automatic retries per job by how they ended, and the failed attempts "
+        f"of the current chain ({config.retry_chain_failed_attempts} page: GpuFleetRetryChainFailing).",
+        "short",
+        [
+            common.target(
+                f"sum by (training_job, outcome) ({ledger.CHAINS.name}{{{fleet}}})",
+                instant=True,
+                ref="A",
+            ),
+        ],
+        link_node=False,
+        columns=("chains",),
+    )
+    grid.stat(
         24,
         5,
+        "Checkpoint interval: Young/Daly vs actual",
+        "The interval that minimises expected lost work, sqrt(2 x save cost x job MTBF) "
+        "(Young/Daly, from 30 days of failed attempts and a day of save times), against "
+        "how often the job's nodes actually saved over the last hour (saves per rank).",
+        "s",
+        common.targets(
+            (f"{r.young_daly}{{{common.sel(common.JOB)}}}", "Young/Daly optimum"),
+            (f"{r.checkpoint_interval}{{{common.sel(common.JOB)}}}", "actual interval"),
+        ),
     )
-    return dashboard(
+    return common.dashboard(
         UID,
         "gpufleet / Reliability and goodput",
         "Where failures concentrate, how fast jobs recover, and how much wall time trains.",
         [
-            query_variable(
+            common.query_variable(
                 "training_job",
                 "Training job",
                 f"label_values({r.job_step}{{{c}}}, training_job)",
