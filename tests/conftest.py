@@ -16,6 +16,8 @@ import uvicorn
 
 from gpufleet.devstack import AlertmanagerServer, PrometheusServer, free_port, wait_until
 from gpufleet.gpu.fake import FakeNvml, bundled_fixture
+from gpufleet.rules.__main__ import write_all
+from gpufleet.rules.config import RulesConfig
 
 
 @pytest.fixture
@@ -56,6 +58,16 @@ def alertmanager_factory(tmp_path: Path) -> Iterator[Callable[..., AlertmanagerS
     yield start
     for manager in managers:
         manager.stop()
+
+
+@pytest.fixture
+def rule_files(tmp_path: Path) -> Callable[[RulesConfig], list[str]]:
+    """Writes gpufleet's rules with a config under ``tmp_path/rules``; their paths."""
+
+    def write(config: RulesConfig) -> list[str]:
+        return [str(path) for path in write_all(tmp_path / "rules", config)]
+
+    return write
 
 
 class UvicornThread:
@@ -168,3 +180,11 @@ def webhook_receiver() -> Iterator[WebhookReceiver]:
     yield receiver
     receiver.server.shutdown()
     receiver.server.server_close()
+
+
+@pytest.fixture
+def paged_alertmanager(
+    alertmanager_factory: Callable[..., AlertmanagerServer], webhook_receiver: WebhookReceiver
+) -> AlertmanagerServer:
+    """A real Alertmanager that sends every notification to ``webhook_receiver``."""
+    return alertmanager_factory(webhook_url=webhook_receiver.url)

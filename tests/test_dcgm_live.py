@@ -35,7 +35,6 @@ from gpufleet.gpu.dcgm_shape import (
     parse_counters,
     render,
 )
-from gpufleet.rules.__main__ import write_all
 from gpufleet.rules.config import RulesConfig
 
 pytestmark = pytest.mark.integration
@@ -189,6 +188,7 @@ def test_every_fault_pages_its_node_and_nothing_else_pages(
     tmp_path: Path,
     dcgm_fleet: Callable[[FleetShape], DcgmFleet],
     prometheus_factory: Callable[..., PrometheusServer],
+    rule_files: Callable[[RulesConfig], list[str]],
 ) -> None:
     shape = SHAPES[shape_name]()
     fleet = dcgm_fleet(shape)
@@ -204,7 +204,7 @@ def test_every_fault_pages_its_node_and_nothing_else_pages(
 
     targets = tmp_path / "targets.json"
     fleet.write_targets(targets)
-    rules = [str(path) for path in write_all(tmp_path / "rules", FAST)]
+    rules = rule_files(FAST)
     scrape = file_sd_scrape_config(shape.job, targets)
     prometheus = prometheus_factory(scrape_configs=[scrape], rule_files=rules)
     prometheus.wait_for_targets_up(7, timeout=60)

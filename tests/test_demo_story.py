@@ -33,7 +33,6 @@ from gpufleet.devstack import (
 from gpufleet.fleet.app import create_app
 from gpufleet.fleet.ledger_client import LedgerClient
 from gpufleet.fleet.store import LedgerStore
-from gpufleet.rules.__main__ import write_all
 from gpufleet.rules.config import RulesConfig
 from gpufleet.simulate.cluster import Cluster
 from gpufleet.simulate.config import ScenarioError, load_scenario, parse_duration
@@ -86,13 +85,14 @@ def test_the_demo_pages_straggler_then_checkpoint_then_xid_and_recovers(
     tmp_path: Path,
     serve_asgi: Callable[..., Any],
     prometheus_factory: Callable[..., PrometheusServer],
-    alertmanager_factory: Callable[..., AlertmanagerServer],
+    rule_files: Callable[[RulesConfig], list[str]],
+    paged_alertmanager: AlertmanagerServer,
     webhook_receiver: Any,
 ) -> None:
-    rules = [str(path) for path in write_all(tmp_path / "rules", compressed_rules(FACTOR))]
+    rules = rule_files(compressed_rules(FACTOR))
     store = LedgerStore(tmp_path / "fleet.db")
     ledger = serve_asgi(create_app(store))
-    manager = alertmanager_factory(webhook_url=webhook_receiver.url)
+    manager = paged_alertmanager
     targets = tmp_path / "targets.json"
     targets.write_text("[]")
     prometheus = prometheus_factory(

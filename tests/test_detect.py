@@ -59,9 +59,37 @@ def episode(id_: int, kind: str, start: float, end: float, **fields: Any) -> dic
     return base
 
 
+def fault(
+    id_: int,
+    kind: str,
+    start: float,
+    end: float,
+    node: str,
+    expected_alerts: list[str],
+    slowdown: float | None = None,
+    **fields: Any,
+) -> dict[str, Any]:
+    """A fault episode on ``node`` from ``start`` to ``end`` seconds after T0; a fail-slow
+    one has its ``slowdown`` (a communication fault's scope is the job)."""
+    if slowdown is not None:
+        fields["details"] = {"slowdown": slowdown}
+    return episode(
+        id_,
+        kind,
+        T0 + start,
+        T0 + end,
+        node=node,
+        scope="job" if kind == "fail_slow_comm" else "node",
+        fault=True,
+        expected_alerts=expected_alerts,
+        **fields,
+    )
+
+
 @pytest.fixture
 def truth() -> dict[str, Any]:
     hour = 3600.0
+    xid, slow = "GpuFleetCriticalXid", "GpuFleetStragglerNode"
     return {
         "start": T0,
         "end": T0 + DAY,
@@ -72,62 +100,14 @@ def truth() -> dict[str, Any]:
         ],
         "exclusions": [{"node": "n1", "start": T0 + 10 * hour, "end": T0 + 14 * hour}],
         "episodes": [
-            episode(
-                0,
-                "fail_stop",
-                T0 + 10 * hour,
-                T0 + 14 * hour,
-                node="n1",
-                scope="node",
-                fault=True,
-                expected_alerts=["GpuFleetCriticalXid", "GpuFleetGpuLost"],
-            ),
-            episode(
-                1,
-                "fail_slow_compute",
-                T0 + 2 * hour,
-                T0 + 3 * hour,
-                node="n2",
-                scope="node",
-                fault=True,
-                magnitude=1.3,
-                details={"slowdown": 1.3},
-                expected_alerts=["GpuFleetStragglerNode"],
-            ),
-            episode(  # subtle: 5-10% slower for an hour, scored in a class of its own
-                2,
-                "fail_slow_compute",
-                T0 + 4 * hour,
-                T0 + 5 * hour,
-                node="n3",
-                scope="node",
-                fault=True,
-                details={"slowdown": 1.05},
-                expected_alerts=["GpuFleetStragglerNode"],
-            ),
-            episode(
-                3,
-                "fail_slow_comm",
-                T0 + 6 * hour,
-                T0 + 7 * hour,
-                node="n0",
-                scope="job",
-                fault=True,
-                details={"slowdown": 1.2},
-                expected_alerts=["GpuFleetJobSlowdown"],
-            ),
+            fault(0, "fail_stop", 10 * hour, 14 * hour, "n1", [xid, "GpuFleetGpuLost"]),
+            fault(1, "fail_slow_compute", 2 * hour, 3 * hour, "n2", [slow], 1.3, magnitude=1.3),
+            # subtle: 5-10% slower for an hour, scored in a class of its own
+            fault(2, "fail_slow_compute", 4 * hour, 5 * hour, "n3", [slow], 1.05),
+            fault(3, "fail_slow_comm", 6 * hour, 7 * hour, "n0", ["GpuFleetJobSlowdown"], 1.2),
             episode(4, "data_loader_stall", T0 + 8 * hour, T0 + 8 * hour + 120, node="n3"),
             # Starts during the warm-up: neither scored nor counted against recall.
-            episode(
-                5,
-                "fail_stop",
-                T0 + 60,
-                T0 + 600,
-                node="n0",
-                scope="node",
-                fault=True,
-                expected_alerts=["GpuFleetCriticalXid"],
-            ),
+            fault(5, "fail_stop", 60, 600, "n0", [xid]),
         ],
     }
 

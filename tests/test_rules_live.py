@@ -27,7 +27,6 @@ from gpufleet.devstack import (
     file_sd_scrape_config,
     wait_until,
 )
-from gpufleet.rules.__main__ import write_all
 from gpufleet.rules.build import SHARD_LOCAL_FILES
 from gpufleet.rules.config import RulesConfig
 from gpufleet.rules.inline import inlined_alerts
@@ -100,9 +99,11 @@ def test_a_straggler_and_an_xid_79_page_for_the_right_nodes_and_nothing_else(
     serve_asgi: Callable[..., Any],
     prometheus_factory: Callable[..., PrometheusServer],
     alertmanager_factory: Callable[..., AlertmanagerServer],
+    paged_alertmanager: AlertmanagerServer,
+    rule_files: Callable[[RulesConfig], list[str]],
     webhook_receiver: Any,
 ) -> None:
-    rules = [str(path) for path in write_all(tmp_path / "rules", FAST)]
+    rules = rule_files(FAST)
     shard_rules = [p for p in rules if Path(p).name.split(".")[0] in SHARD_LOCAL_FILES]
     global_rules = [p for p in rules if p not in shard_rules]
     assert shard_rules and global_rules
@@ -110,7 +111,7 @@ def test_a_straggler_and_an_xid_79_page_for_the_right_nodes_and_nothing_else(
     victoria = VictoriaMetricsServer(tmp_path / "vm").start()
     vmalert: VmalertServer | None = None
     try:
-        manager = alertmanager_factory(webhook_url=webhook_receiver.url)
+        manager = paged_alertmanager
         silent_manager = alertmanager_factory()  # the sharded path is compared, not paged
         scrape = file_sd_scrape_config("gpufleet-agent", targets)
         prometheus = prometheus_factory(
