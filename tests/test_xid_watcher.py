@@ -8,14 +8,18 @@ from gpufleet.gpu.reader import CallErrors, NvmlReader
 from gpufleet.gpu.xid import XidLedger, XidWatcher
 
 
-def start_watcher(nvml: FakeNvml) -> tuple[NvmlReader, XidLedger, XidWatcher, CallErrors]:
+def start_watcher(
+    nvml: FakeNvml, *, registered: bool = True
+) -> tuple[NvmlReader, XidLedger, XidWatcher, CallErrors]:
+    """A reader and a watcher on ``nvml``, waited for until it watches (``registered``)."""
     errors = CallErrors()
     reader = NvmlReader(nvml, "node-a", errors=errors)
     reader.open()
     ledger = XidLedger()
     watcher = XidWatcher(nvml, reader.handles, ledger, errors, poll_ms=50)
     watcher.start()
-    wait_until(lambda: ledger.view().watching, 5, what="watcher registered")
+    if registered:
+        wait_until(lambda: ledger.view().watching, 5, what="watcher registered")
     return reader, ledger, watcher, errors
 
 
@@ -66,12 +70,7 @@ def test_no_event_support_at_all_leaves_xids_unwatched(fake_nvml: FakeNvml) -> N
         fake_nvml.set_value(
             index, "nvmlDeviceRegisterEvents", {"nvml_error": "NVML_ERROR_NOT_SUPPORTED"}
         )
-    errors = CallErrors()
-    reader = NvmlReader(fake_nvml, "node-a", errors=errors)
-    reader.open()
-    ledger = XidLedger()
-    watcher = XidWatcher(fake_nvml, reader.handles, ledger, errors, poll_ms=50)
-    watcher.start()
+    _, ledger, watcher, _ = start_watcher(fake_nvml, registered=False)
     watcher.stop()
     assert not ledger.view().watching
     assert fake_nvml.calls["nvmlEventSetFree"] == 1
