@@ -43,6 +43,9 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpufleet.devstack import ManagedProcess, free_port, http_get, wait_until
@@ -291,11 +294,11 @@ def main() -> int:
     env = dict(os.environ)
     if args.agent_pythonpath:
         env["PYTHONPATH"] = args.agent_pythonpath
-    figures: dict[str, str] = {}
-    rss: dict[str, float] = {}
+    run = Run(workdir, env, args)
+    figures, rss = run.figures, run.rss
     try:
-        attacked(workdir, env, args, figures, rss)
-        abused(workdir, env, args, figures, rss)
+        attacked(run)
+        abused(run)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     print("\nagent RSS MiB: " + ", ".join(f"{k} {v:.1f}" for k, v in rss.items()))
@@ -330,18 +333,34 @@ def start_agent(workdir: Path, env: dict[str, str], name: str) -> tuple[ManagedP
     return agent, port
 
 
-def attacked(
-    workdir: Path,
-    env: dict[str, str],
-    args: argparse.Namespace,
-    figures: dict[str, str],
-    rss: dict[str, float],
-) -> None:
-    """Phases 1 and 2: the cardinality attack, then ingest during worst-case scrapes."""
-    agent, port = start_agent(workdir, env, "attacked")
+@dataclass
+class Run:
+    """What every phase shares: where agents log, their environment, the options, and the
+    figures and RSS readings the phases add to."""
+
+    workdir: Path
+    env: dict[str, str]
+    args: argparse.Namespace
+    figures: dict[str, str] = field(default_factory=dict)
+    rss: dict[str, float] = field(default_factory=dict)
+
+
+@contextmanager
+def running_agent(run: Run, name: str) -> Iterator[tuple[int, int]]:
+    """A fresh agent (synthetic GPUs) for one phase, logging to ``name``.log: its port and
+    pid, stopped when the phase ends."""
+    agent, port = start_agent(run.workdir, run.env, name)
     try:
-        pid = agent.pid
-        assert pid is not None
+        assert agent.pid is not None
+        yield port, agent.pid
+    finally:
+        agent.stop()
+
+
+def attacked(run: Run) -> None:
+    """Phases 1 and 2: the cardinality attack, then ingest during worst-case scrapes."""
+    args, figures, rss = run.args, run.figures, run.rss
+    with running_agent(run, "attacked") as (port, pid):
         rss["start"] = rss_mib(pid)
 
         # 1. Cardinality attack.
@@ -400,23 +419,13 @@ def attacked(
             )
         figures["ingest_p99_quiet_ms"] = f"{percentile(quiet, 0.99) * 1e3:.2f}"
         figures["ingest_p99_during_scrape_ms"] = f"{percentile(busy, 0.99) * 1e3:.2f}"
-    finally:
-        agent.stop()
 
 
-def abused(
-    workdir: Path,
-    env: dict[str, str],
-    args: argparse.Namespace,
-    figures: dict[str, str],
-    rss: dict[str, float],
-) -> None:
+def abused(run: Run) -> None:
     """Phase 3, on a fresh agent holding what a real node holds (8 GPUs, one job of 8 ranks
     in 2 stages): /metrics with no slow connections, then with 1,000."""
-    agent, port = start_agent(workdir, env, "abused")
-    try:
-        pid = agent.pid
-        assert pid is not None
+    args, figures, rss = run.args, run.figures, run.rss
+    with running_agent(run, "abused") as (port, pid):
         connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
         for stage in range(2):
             post(connection, step_events("real-job", stage, range(stage * 4, stage * 4 + 4), 0))
@@ -446,8 +455,6 @@ def abused(
                 )
                 figures[f"{key}_failed"] = str(failures[source])
             rss[f"after_{name}_attacker"] = rss_mib(pid)
-    finally:
-        agent.stop()
 
 
 if __name__ == "__main__":
