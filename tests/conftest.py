@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, Self, TypeVar
 
 import pytest
 import uvicorn
@@ -18,6 +18,8 @@ from gpufleet.devstack import AlertmanagerServer, PrometheusServer, free_port, w
 from gpufleet.gpu.fake import FakeNvml, bundled_fixture
 from gpufleet.rules.__main__ import write_all
 from gpufleet.rules.config import RulesConfig
+
+ServerT = TypeVar("ServerT", bound="Server")
 
 
 @pytest.fixture
@@ -31,13 +33,21 @@ def fake_nvml(fixture_data: dict[str, Any]) -> FakeNvml:
     return FakeNvml(fixture_data)
 
 
-@pytest.fixture
-def prometheus_factory(tmp_path: Path) -> Iterator[Callable[..., PrometheusServer]]:
-    """Start real Prometheus servers on 127.0.0.1; all are stopped by PID afterwards."""
-    servers: list[PrometheusServer] = []
+class Server(Protocol):
+    """What the dev stack's servers offer: start (returning the server) and stop."""
 
-    def start(**kwargs: Any) -> PrometheusServer:
-        server = PrometheusServer(tmp_path / f"prometheus-{len(servers)}", **kwargs)
+    def start(self) -> Self: ...
+    def stop(self) -> None: ...
+
+
+def started_servers(
+    kind: Callable[..., ServerT], parent: Path, name: str
+) -> Iterator[Callable[..., ServerT]]:
+    """A factory of real servers, each in its own ``parent/name-N``; all stopped by PID after."""
+    servers: list[ServerT] = []
+
+    def start(**kwargs: Any) -> ServerT:
+        server = kind(parent / f"{name}-{len(servers)}", **kwargs)
         servers.append(server)
         return server.start()
 
@@ -47,17 +57,15 @@ def prometheus_factory(tmp_path: Path) -> Iterator[Callable[..., PrometheusServe
 
 
 @pytest.fixture
+def prometheus_factory(tmp_path: Path) -> Iterator[Callable[..., PrometheusServer]]:
+    """Start real Prometheus servers on 127.0.0.1; all are stopped by PID afterwards."""
+    yield from started_servers(PrometheusServer, tmp_path, "prometheus")
+
+
+@pytest.fixture
 def alertmanager_factory(tmp_path: Path) -> Iterator[Callable[..., AlertmanagerServer]]:
-    managers: list[AlertmanagerServer] = []
-
-    def start(**kwargs: Any) -> AlertmanagerServer:
-        manager = AlertmanagerServer(tmp_path / f"alertmanager-{len(managers)}", **kwargs)
-        managers.append(manager)
-        return manager.start()
-
-    yield start
-    for manager in managers:
-        manager.stop()
+    """Start real Alertmanagers on 127.0.0.1; all are stopped by PID afterwards."""
+    yield from started_servers(AlertmanagerServer, tmp_path, "alertmanager")
 
 
 @pytest.fixture
