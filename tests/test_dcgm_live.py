@@ -28,13 +28,7 @@ from typing import Any
 import pytest
 
 from gpufleet.devstack import PrometheusServer, file_sd_scrape_config, free_port, wait_until
-from gpufleet.gpu.dcgm_shape import (
-    Counter,
-    DcgmNode,
-    Pod,
-    parse_counters,
-    render,
-)
+from gpufleet.gpu.dcgm_shape import Counter, DcgmNode, Pod, parse_counters, render
 from gpufleet.rules.config import RulesConfig
 
 pytestmark = pytest.mark.integration
@@ -85,17 +79,13 @@ SHAPES = {
     "gpu-operator": lambda: FleetShape("nvidia-dcgm-exporter", stock_counters(), "Hostname", True),
 }
 
+# Windows of seconds instead of minutes, so that a fault pages within the test.
 FAST = RulesConfig(
     gpu_recording_interval="1s",
-    xid_window="20s",
-    ecc_window="20s",
-    nvlink_window="20s",
-    hw_slowdown_for="3s",
-    gpu_missing_for="3s",
-    exporter_down_for="3s",
-    gpus_expected_memory="10m",
-    presence_memory="10m",
     targets_missing_for="30s",
+    **dict.fromkeys(("xid_window", "ecc_window", "nvlink_window"), "20s"),
+    **dict.fromkeys(("hw_slowdown_for", "gpu_missing_for", "exporter_down_for"), "3s"),
+    **dict.fromkeys(("gpus_expected_memory", "presence_memory"), "10m"),
 )
 HEALTHY_FOR_S = 30.0  # longer than the XID / ECC windows and every `for` above
 
