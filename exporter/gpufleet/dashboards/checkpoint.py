@@ -48,26 +48,19 @@ def build(config: RulesConfig) -> dm.Dashboard:
         common.targets((f"{r.queue_share}{{{job}}}", "{{training_job}}")),
         limit_at=config.checkpoint_queue_share,
     )
-    grid.timeseries(
-        12,
-        8,
-        "Save / restore duration per node",
-        "Seconds per checkpoint operation on each node (queued + served) over "
-        f"{config.rate_window}, where it checkpointed. Budgets: save {config.checkpoint_save_budget_s:g} s, "
-        f"restore {config.checkpoint_restore_budget_s:g} s.",
-        "s",
-        common.targets((f"{r.node_seconds_per_op}{{{job}}}", "{{node}} {{op}}")),
-        bars=True,
-    )
-    grid.timeseries(
-        12,
-        8,
-        "Checkpoint bytes/s per node",
-        "Checkpoint bytes each node wrote or read per second.",
-        "Bps",
-        common.targets((f"{r.node_checkpoint_bytes}{{{job}}}", "{{node}} {{op}}")),
-        stacked=True,
-    )
+    # Per node and operation (save / restore): one recorded series each, drawn alike.
+    per_node = (
+        ("Save / restore duration per node",
+         "Seconds per checkpoint operation on each node (queued + served) over "
+         f"{config.rate_window}, where it checkpointed. Budgets: save {config.checkpoint_save_budget_s:g} s, "
+         f"restore {config.checkpoint_restore_budget_s:g} s.",
+         "s", r.node_seconds_per_op, {"bars": True}),
+        ("Checkpoint bytes/s per node", "Checkpoint bytes each node wrote or read per second.",
+         "Bps", r.node_checkpoint_bytes, {"stacked": True}),
+    )  # fmt: skip
+    for title, description, unit, series, style in per_node:
+        query = common.targets((f"{series}{{{job}}}", "{{node}} {{op}}"))
+        grid.timeseries(12, 8, title, description, unit, query, **style)
     grid.timeseries(
         12,
         8,

@@ -105,40 +105,20 @@ def build(config: RulesConfig) -> dm.Dashboard:
         link_node=False,
         columns=("GPUs",),
     )
-    grid.table(
-        12,
-        8,
-        "Job attempts: automatic vs manual",
-        "Attempts of each job by what started them (auto retry or an operator) and how "
-        "they ended; retry chains by outcome.",
-        "short",
-        [
-            common.target(
-                f"sum by (training_job, trigger, outcome) ({ledger.ATTEMPTS.name}{{{fleet}}})",
-                instant=True,
-                ref="A",
-            ),
-        ],
-        link_node=False,
-        columns=("attempts",),
-    )
-    grid.table(
-        12,
-        8,
-        "Retry chains",
-        "Chains of automatic retries per job by how they ended, and the failed attempts "
-        f"of the current chain ({config.retry_chain_failed_attempts} page: GpuFleetRetryChainFailing).",
-        "short",
-        [
-            common.target(
-                f"sum by (training_job, outcome) ({ledger.CHAINS.name}{{{fleet}}})",
-                instant=True,
-                ref="A",
-            ),
-        ],
-        link_node=False,
-        columns=("chains",),
-    )
+    # The ledger's attempt and retry-chain counters, one table each by job and outcome.
+    ledger_tables = (
+        ("Job attempts: automatic vs manual",
+         "Attempts of each job by what started them (auto retry or an operator) and how "
+         "they ended; retry chains by outcome.",
+         "training_job, trigger, outcome", ledger.ATTEMPTS.name, "attempts"),
+        ("Retry chains",
+         "Chains of automatic retries per job by how they ended, and the failed attempts "
+         f"of the current chain ({config.retry_chain_failed_attempts} page: GpuFleetRetryChainFailing).",
+         "training_job, outcome", ledger.CHAINS.name, "chains"),
+    )  # fmt: skip
+    for title, description, by, counter, column in ledger_tables:
+        query = common.target(f"sum by ({by}) ({counter}{{{fleet}}})", instant=True, ref="A")
+        grid.table(12, 8, title, description, "short", [query], link_node=False, columns=(column,))
     grid.stat(
         24,
         5,
