@@ -246,3 +246,10 @@ def test_a_bad_value_of_a_one_shot_command_exits_2_naming_the_flag() -> None:
     result = run_cli("exclusions", "top", "--days", "soon")
     assert result.returncode == 2
     assert result.stderr.strip() == "gpufleet exclusions: --days: 'soon' is not a number"
+
+
+def test_a_service_flag_without_a_variable_cannot_be_declared() -> None:
+    from gpufleet.cli.options import Command, Option, text
+
+    with pytest.raises(TypeError, match="--orphan"):
+        Command("svc", lambda _: 0, (Option("--orphan", text, None, "x"),), "h", service=True)

@@ -195,13 +195,14 @@ class Command:
     options: tuple[Option, ...]
     help: str
     description: str | None = None
-    extra: str | None = None  # the pip extra whose modules it imports ("": none)
+    extra: str | None = None  # the pip extra whose modules it imports (None: stdlib only)
     service: bool = False  # long-running: every flag has a GPUFLEET_* variable
 
     def __post_init__(self) -> None:
         if self.service:
             missing = [o.flag for o in self.options if o.env is None and not o.positional]
-            assert not missing, f"{self.name}: service flags without a variable: {missing}"
+            if missing:
+                raise TypeError(f"{self.name}: service flags without a variable: {missing}")
 
     def add_to(self, commands: Any) -> None:
         parser = commands.add_parser(
