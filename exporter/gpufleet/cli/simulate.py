@@ -12,6 +12,7 @@ from gpufleet.cli.options import (
     ConfigError,
     Option,
     boolean,
+    choice,
     integer,
     listen,
     log_level_option,
@@ -39,6 +40,9 @@ SIMULATE_OPTIONS = variables("GPUFLEET_SIM_", (
     Option("--end", number, None, "Unix time the history ends (default: now)"),
     Option("--history-step", number, "30", "seconds between history samples"),
     Option("--shards", integer, "2", "processes writing the history"),
+    Option("--rank-series", choice("auto", "all", "none"), "auto",
+           "write per-rank compute series in the history "
+           "(auto: jobs with at most 4 nodes per pipeline stage)"),
     Option("--fleet-url", text, None, "also report exclusions and job attempts to this ledger"),
     # The ledger's own variable, as every command that talks to the ledger reads it.
     Option("--fleet-token", text, None,
@@ -78,6 +82,12 @@ def run_simulate(values: argparse.Namespace) -> int:
         scenario.cluster.resolved_layout()
     except ScenarioError as error:
         raise ConfigError(str(error)) from None
+    shared = values.history is None or values.fleet_url or values.nodes or values.layout
+    if scenario.jobs and shared:
+        raise ConfigError(
+            f"scenario {scenario.name} runs several jobs (a shared cluster): write its history "
+            "with --history; serving live, --fleet-url, --nodes and --layout are for one job"
+        )
     run = settings(SimulatorRun, values)
     if run.history is None:
         serve_live(scenario, run)

@@ -27,6 +27,7 @@ class SimulatorRun:
     end: float | None
     history_step: float
     shards: int
+    rank_series: str  # auto, all or none: gpufleet_training_rank_* series in the history
     fleet_url: str | None
     fleet_token: str | None
     log_level: str
@@ -34,6 +35,11 @@ class SimulatorRun:
 
 class FeedError(RuntimeError):
     """The ledger did not take every event up to the end of the history."""
+
+
+def physical_nodes(scenario: Scenario) -> int:
+    """The cluster's nodes: every job's and the spare pool's, or the one job's."""
+    return sum(job.nodes for job in scenario.jobs) + scenario.spare_nodes or scenario.cluster.nodes
 
 
 def scenario_list() -> list[str]:
@@ -57,7 +63,14 @@ def write_history(scenario: Scenario, run: SimulatorRun, out: Path) -> str:
 
     days = run.history or 0.0
     result = write(
-        scenario, run.seed, days, out, end=run.end, step=run.history_step, shards=run.shards
+        scenario,
+        run.seed,
+        days,
+        out,
+        end=run.end,
+        step=run.history_step,
+        shards=run.shards,
+        rank_series=run.rank_series,
     )
     if run.fleet_url:
         cluster = Cluster(scenario, run.seed, result.start, result.end - result.start)
@@ -67,7 +80,7 @@ def write_history(scenario: Scenario, run: SimulatorRun, out: Path) -> str:
             raise FeedError(f"the ledger at {run.fleet_url} took {posted} of the events")
         print(f"posted {posted} exclusion and attempt events to {run.fleet_url}")
     return (
-        f"wrote {result.samples:,} samples of {scenario.cluster.nodes} nodes x "
+        f"wrote {result.samples:,} samples of {physical_nodes(scenario)} nodes x "
         f"{days:g} days in {result.seconds:.1f} s: "
         f"{', '.join(str(path) for path in result.files)}; ground truth: {result.ground_truth}"
     )
