@@ -94,17 +94,23 @@ def test_gpufleet_mixin_writes_the_same_rules(tmp_path: Path) -> None:
     assert "GpuFleetAgentTargetsMissing" not in rule_text(tmp_path / "a")
 
 
+def assert_mixin_refuses(tmp_path: Path, site_yaml: str) -> Path:
+    """``gpufleet mixin`` exits 2 on this site file and writes nothing; the file's path."""
+    site = tmp_path / "site.yaml"
+    site.write_text(site_yaml)
+    with pytest.raises(SystemExit) as exit_info:
+        gpufleet_main(["mixin", "--config", str(site), "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    assert not (tmp_path / "out").exists()
+    return site
+
+
 def test_a_misspelled_knob_is_an_error_naming_it_and_the_fix(tmp_path: Path) -> None:
     with pytest.raises(
         ConfigError, match=r"unknown knob 'gpu_selectr'; did you mean 'gpu_selector'"
     ):
         config_from_mapping({"gpu_selectr": 'job="x"'})
-    site = tmp_path / "site.yaml"
-    site.write_text("xid_windw: 5m\n")
-    with pytest.raises(SystemExit) as exit_info:
-        gpufleet_main(["mixin", "--config", str(site), "--out", str(tmp_path / "out")])
-    assert exit_info.value.code == 2
-    assert not (tmp_path / "out").exists()
+    assert_mixin_refuses(tmp_path, "xid_windw: 5m\n")
 
 
 @pytest.mark.parametrize(
@@ -278,12 +284,7 @@ def test_a_config_made_in_code_is_validated_too() -> None:
 
 
 def test_a_severity_for_an_alert_that_does_not_exist_is_refused(tmp_path: Path) -> None:
-    site = tmp_path / "site.yaml"
-    site.write_text("severities:\n  GpuFleetPcieReplay: info\n")
-    with pytest.raises(SystemExit) as exit_info:
-        gpufleet_main(["mixin", "--config", str(site), "--out", str(tmp_path / "out")])
-    assert exit_info.value.code == 2
-    assert not (tmp_path / "out").exists()
+    site = assert_mixin_refuses(tmp_path, "severities:\n  GpuFleetPcieReplay: info\n")
     with pytest.raises(ConfigError, match="did you mean 'GpuFleetPcieReplays'"):
         write_all(tmp_path / "out", load_site_config(site))
     # An alert the site turned off may still be given a severity (it is a real alert).
