@@ -70,20 +70,34 @@ def fault(
     **fields: Any,
 ) -> dict[str, Any]:
     """A fault episode on ``node`` from ``start`` to ``end`` seconds after T0; a fail-slow
-    one has its ``slowdown`` (a communication fault's scope is the job)."""
+    one has its ``slowdown`` (a communication fault's scope is the job unless ``scope``
+    says otherwise)."""
     if slowdown is not None:
         fields["details"] = {"slowdown": slowdown}
+    fields.setdefault("scope", "job" if kind == "fail_slow_comm" else "node")
     return episode(
         id_,
         kind,
         T0 + start,
         T0 + end,
         node=node,
-        scope="job" if kind == "fail_slow_comm" else "node",
         fault=True,
         expected_alerts=expected_alerts,
         **fields,
     )
+
+
+def attempt(
+    number: int, start: float, first_step: float, end: float | None, **fields: Any
+) -> dict[str, Any]:
+    """Attempt ``number`` of a job, its times in seconds after T0 (``end`` None: running)."""
+    return {
+        **fields,
+        "number": number,
+        "start": T0 + start,
+        "first_step": T0 + first_step,
+        "end": None if end is None else T0 + end,
+    }
 
 
 @pytest.fixture
@@ -95,8 +109,8 @@ def truth() -> dict[str, Any]:
         "end": T0 + DAY,
         "cluster": {"job": "llm", "nodes": 4, "node_names": ["n0", "n1", "n2", "n3"]},
         "attempts": [
-            {"number": 1, "start": T0, "first_step": T0, "end": T0 + 10 * hour},
-            {"number": 2, "start": T0 + 10.2 * hour, "first_step": T0 + 10.3 * hour, "end": None},
+            attempt(1, 0, 0, 10 * hour),
+            attempt(2, 10.2 * hour, 10.3 * hour, None),
         ],
         "exclusions": [{"node": "n1", "start": T0 + 10 * hour, "end": T0 + 14 * hour}],
         "episodes": [
@@ -297,6 +311,7 @@ def shared_truth() -> dict[str, Any]:
     """Two jobs on one cluster: n0-n1 run "big", n2-n3 run "small"; n3 moves to "big"
     after n1's repair. Each job stalls once, at different times."""
     hour = 3600.0
+    slow, job_slow, hung = "GpuFleetStragglerNode", "GpuFleetJobSlowdown", "GpuFleetJobHung"
     return {
         "start": T0,
         "end": T0 + DAY,
@@ -315,86 +330,21 @@ def shared_truth() -> dict[str, Any]:
             {"node": "n1", "job": "small", "slot": 1, "start": T0 + 14 * hour, "end": T0 + DAY},
         ],
         "attempts": [
-            {"job": "big", "number": 1, "start": T0, "first_step": T0, "end": T0 + 10 * hour},
-            {
-                "job": "big",
-                "number": 2,
-                "start": T0 + 10.2 * hour,
-                "first_step": T0 + 10.3 * hour,
-                "end": None,
-            },
-            {"job": "small", "number": 1, "start": T0, "first_step": T0, "end": T0 + 3 * hour},
-            {
-                "job": "small",
-                "number": 2,
-                "start": T0 + 3.5 * hour,
-                "first_step": T0 + 4 * hour,
-                "end": None,
-            },
+            attempt(1, 0, 0, 10 * hour, job="big"),
+            attempt(2, 10.2 * hour, 10.3 * hour, None, job="big"),
+            attempt(1, 0, 0, 3 * hour, job="small"),
+            attempt(2, 3.5 * hour, 4 * hour, None, job="small"),
         ],
         "exclusions": [
             {"node": "n1", "job": "big", "start": T0 + 10 * hour, "end": T0 + 14 * hour}
         ],
         "episodes": [
-            episode(
-                0,
-                "fail_stop",
-                T0 + 10 * hour,
-                T0 + 14 * hour,
-                node="n1",
-                scope="node",
-                fault=True,
-                job="big",
-                expected_alerts=["GpuFleetGpuLost"],
-            ),
-            episode(
-                1,
-                "fail_slow_compute",
-                T0 + 5 * hour,
-                T0 + 6 * hour,
-                node="n3",
-                scope="node",
-                fault=True,
-                job="small",
-                details={"slowdown": 1.3},
-                expected_alerts=["GpuFleetStragglerNode"],
-            ),
-            episode(
-                2,
-                "fail_slow_compute",
-                T0 + 16 * hour,
-                T0 + 17 * hour,
-                node="n3",
-                scope="node",
-                fault=True,
-                job="big",
-                details={"slowdown": 1.3},
-                expected_alerts=["GpuFleetStragglerNode"],
-            ),
-            episode(
-                3,
-                "fail_slow_comm",
-                T0 + 7 * hour,
-                T0 + 8 * hour,
-                node="n2",
-                scope="job",
-                fault=True,
-                job="small",
-                details={"slowdown": 1.2},
-                expected_alerts=["GpuFleetJobSlowdown"],
-            ),
+            fault(0, "fail_stop", 10 * hour, 14 * hour, "n1", ["GpuFleetGpuLost"], job="big"),
+            fault(1, "fail_slow_compute", 5 * hour, 6 * hour, "n3", [slow], 1.3, job="small"),
+            fault(2, "fail_slow_compute", 16 * hour, 17 * hour, "n3", [slow], 1.3, job="big"),
+            fault(3, "fail_slow_comm", 7 * hour, 8 * hour, "n2", [job_slow], 1.2, job="small"),
             # "big" is down then, "small" is not: scored for "small"
-            episode(
-                4,
-                "fail_stop",
-                T0 + 10.1 * hour,
-                T0 + 10.1 * hour,
-                node="n2",
-                scope="job",
-                fault=True,
-                job="small",
-                expected_alerts=["GpuFleetJobHung"],
-            ),
+            fault(4, "fail_stop", 10.1 * hour, 10.1 * hour, "n2", [hung], scope="job", job="small"),
         ],
     }
 
