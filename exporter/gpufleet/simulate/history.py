@@ -27,8 +27,9 @@ import csv
 import json
 import multiprocessing
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -105,6 +106,28 @@ class HistoryResult:
     seconds: float
     start: float
     end: float
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryRun:
+    """What every shard of one history is written from: the scenario and its seed, the
+    span and the sample step, and which jobs' per-rank series (``rank_series`` mode)."""
+
+    scenario: Scenario
+    seed: int
+    start: float
+    end: float
+    step: float
+    rank_series: str
+
+    @property
+    def ticks(self) -> int:
+        """Samples per series: one a step after ``start``, up to ``end``."""
+        return int((self.end - self.start) // self.step)
+
+    def at(self, tick: int) -> float:
+        """The time of sample ``tick`` (from 0)."""
+        return self.start + (tick + 1) * self.step
 
 
 def wants_rank_series(spec: ClusterSpec, mode: str) -> bool:
@@ -386,18 +409,31 @@ def _write_shard(recorder: _Recorder, path: Path) -> int:
         return out.samples  # fmt: skip
 
 
+def write_shards(
+    out: Path, nodes: int, shards: int, worker: Callable[[list[int], Path], int]
+) -> tuple[list[Path], int]:
+    """Nodes dealt round-robin to at most ``shards`` processes, each running ``worker`` on
+    its nodes and its file ``history-NN.om`` (one file per process keeps writing parallel
+    and each file small for promtool): the files and the samples written in all."""
+    shards = max(1, min(shards, nodes))
+    paths = [out / f"history-{index:02d}.om" for index in range(shards)]
+    work = [(list(range(nodes))[index::shards], path) for index, path in enumerate(paths)]
+    if shards == 1:
+        return paths, worker(*work[0])
+    with multiprocessing.get_context("fork").Pool(shards) as pool:
+        return paths, sum(pool.starmap(worker, work))
+
+
 def _shard_job(
-    arguments: tuple[Scenario, int, float, float, float, list[int], str, bool, bool, str],
+    nodes: list[int], path: Path, *, run: HistoryRun, every_gpu: bool, gpu_gauges: bool
 ) -> int:
-    scenario, seed, start, end, step, nodes, path, every_gpu, gpu_gauges, rank_mode = arguments
-    cluster = Cluster(scenario, seed, start, end - start)
-    ticks = int((end - start) // step)
-    ranks = wants_rank_series(scenario.cluster, rank_mode)
-    recorder = _Recorder(cluster, nodes, ticks, every_gpu, gpu_gauges, rank_series=ranks)
-    for tick in range(ticks):
-        cluster.advance(start + (tick + 1) * step)
+    cluster = Cluster(run.scenario, run.seed, run.start, run.end - run.start)
+    ranks = wants_rank_series(run.scenario.cluster, run.rank_series)
+    recorder = _Recorder(cluster, nodes, run.ticks, every_gpu, gpu_gauges, rank_series=ranks)
+    for tick in range(run.ticks):
+        cluster.advance(run.at(tick))
         recorder.record()
-    return _write_shard(recorder, Path(path))
+    return _write_shard(recorder, path)
 
 
 def write_history(
@@ -432,22 +468,12 @@ def write_history(
         return write_shared_history(
             scenario, seed, start, end, out, step=step, shards=shards, rank_series=rank_series
         )
-    nodes = scenario.cluster.nodes
-    shards = max(1, min(shards, nodes))
-    groups = [list(range(nodes))[index::shards] for index in range(shards)]
-    paths = [out / f"history-{index:02d}.om" for index in range(shards)]
-    jobs = [
-        (scenario, seed, start, end, step, group, str(path), every_gpu, gpu_gauges, rank_series)
-        for group, path in zip(groups, paths, strict=True)
-    ]
-    if shards == 1:
-        samples = [_shard_job(jobs[0])]
-    else:
-        with multiprocessing.get_context("fork").Pool(shards) as pool:
-            samples = pool.map(_shard_job, jobs)
+    run = HistoryRun(scenario, seed, start, end, step, rank_series)
+    worker = partial(_shard_job, run=run, every_gpu=every_gpu, gpu_gauges=gpu_gauges)
+    paths, samples = write_shards(out, scenario.cluster.nodes, shards, worker)
     cluster = Cluster(scenario, seed, start, end - start)
     truth = write_ground_truth(cluster, out, start, end, step)
-    return HistoryResult(paths, truth, sum(samples), time.monotonic() - started, start, end)
+    return HistoryResult(paths, truth, samples, time.monotonic() - started, start, end)
 
 
 def ground_truth(cluster: Cluster, start: float, end: float, step: float) -> dict[str, Any]:

@@ -16,11 +16,11 @@ stage it served at the time.
 from __future__ import annotations
 
 import hashlib
-import multiprocessing
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +41,12 @@ from gpufleet.simulate.history import (
     _THROTTLE_FLAGS,
     JOB_LABEL,
     HistoryResult,
+    HistoryRun,
     _Recorder,
     _Writer,
     wants_rank_series,
     write_ground_truth_data,
+    write_shards,
 )
 from gpufleet.simulate.serve import MODEL, PCI_BUS_IDS
 
@@ -355,28 +357,25 @@ class _NodeView:
         return values
 
 
-def _shared_shard(
-    arguments: tuple[Scenario, int, float, float, float, list[int], str, str],
-) -> int:
-    scenario, seed, start, end, step, nodes, path, rank_mode = arguments
-    shared = SharedCluster(scenario, seed, start, end - start)
-    ticks = int((end - start) // step)
+def _shared_shard(nodes: list[int], path: Path, *, run: HistoryRun) -> int:
+    shared = SharedCluster(run.scenario, run.seed, run.start, run.end - run.start)
+    ticks = run.ticks
     mine = set(nodes)
     recorders: list[_Recorder | None] = []
     for index, job in enumerate(shared.jobs):
         slots = sorted({p.slot for p in shared.placements if p.job == index and p.node in mine})
         recorders.append(
-            _Recorder(job, slots, ticks, rank_series=wants_rank_series(job.spec, rank_mode))
+            _Recorder(job, slots, ticks, rank_series=wants_rank_series(job.spec, run.rank_series))
             if slots
             else None
         )
     for tick in range(ticks):
-        when = start + (tick + 1) * step
+        when = run.at(tick)
         for job, recorder in zip(shared.jobs, recorders, strict=True):
             job.advance(when)
             if recorder is not None:
                 recorder.record()
-    times = start + step * np.arange(1, ticks + 1)
+    times = run.start + run.step * np.arange(1, ticks + 1)
     views = [_NodeView(shared, n, _segments(shared, recorders, n, times), ticks) for n in nodes]
     with open(path, "w", encoding="utf-8", buffering=1 << 20) as handle:
         out = _Writer(handle, times)
@@ -540,17 +539,8 @@ def write_shared_history(
     """The history of a shared cluster (``write_history`` calls it for a scenario with jobs)."""
     started = time.monotonic()
     shared = SharedCluster(scenario, seed, start, end - start)
-    shards = max(1, min(shards, shared.nodes))
-    groups = [list(range(shared.nodes))[index::shards] for index in range(shards)]
-    paths = [out / f"history-{index:02d}.om" for index in range(shards)]
-    jobs = [
-        (scenario, seed, start, end, step, group, str(path), rank_series)
-        for group, path in zip(groups, paths, strict=True)
-    ]
-    if shards == 1:
-        samples = [_shared_shard(jobs[0])]
-    else:
-        with multiprocessing.get_context("fork").Pool(shards) as pool:
-            samples = pool.map(_shared_shard, jobs)
+    run = HistoryRun(scenario, seed, start, end, step, rank_series)
+    worker = partial(_shared_shard, run=run)
+    paths, samples = write_shards(out, shared.nodes, shards, worker)
     truth = write_ground_truth_data(shared.ground_truth(start, end, step), out)
-    return HistoryResult(paths, truth, sum(samples), time.monotonic() - started, start, end)
+    return HistoryResult(paths, truth, samples, time.monotonic() - started, start, end)
