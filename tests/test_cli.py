@@ -249,7 +249,8 @@ def test_a_bad_value_of_a_one_shot_command_exits_2_naming_the_flag() -> None:
 
 
 def test_a_service_flag_without_a_variable_cannot_be_declared() -> None:
-    from gpufleet.cli.options import Command, Option, text
+    from gpufleet.cli.kinds import text
+    from gpufleet.cli.options import Command, Option
 
     with pytest.raises(TypeError, match="--orphan"):
         Command("svc", lambda _: 0, (Option("--orphan", text, None, "x"),), "h", service=True)

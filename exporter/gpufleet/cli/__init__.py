@@ -1,8 +1,10 @@
 """The ``gpufleet`` command.
 
-Every command declares its flags the same way (:class:`~gpufleet.cli.options.Option`), one
-module per family: ``agent`` (agent, nvml-record), ``fleet`` (the ledger and the commands
-that talk to it), ``simulate`` (simulate, demo, mixin). Every flag of a long-running
+Every command declares its flags the same way (:class:`~gpufleet.cli.options.Option`, each
+parsing one of the value kinds in ``kinds``; ``resolve`` turns the parsed values into
+settings, tokens and logging), one module per family: ``agent`` (agent, nvml-record),
+``fleet`` (the ledger and the commands that talk to it), ``simulate`` (simulate, demo,
+mixin). Every flag of a long-running
 service can also be set from a ``GPUFLEET_*`` environment variable (the Helm chart and
 compose file set those); a flag on the command line wins over the environment. What a
 command does lives in the package it belongs to; a command here only turns flags into

@@ -3,68 +3,52 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import socket
 import sys
 
-from gpufleet.cli.options import (
-    LOG_FORMAT,
-    Command,
-    ConfigError,
-    Option,
-    boolean,
-    choice,
-    env,
-    label_name,
-    listen,
-    log_level_option,
-    positive_int,
-    positive_seconds,
-    read_secret,
-    settings,
-    text,
-    ttl_seconds,
-    variables,
-)
+from gpufleet.cli import kinds, resolve
+from gpufleet.cli.options import Command, ConfigError, Option, env, log_level_option, variables
 
 # fmt: off
 AGENT_OPTIONS = variables("GPUFLEET_", (
-    Option("--listen", listen, "0.0.0.0:9405", "HOST:PORT to serve on"),
-    Option("--gpu-source", choice("nvml", "synthetic", "none"), "nvml",
+    Option("--listen", kinds.listen, "0.0.0.0:9405", "HOST:PORT to serve on"),
+    Option("--gpu-source", kinds.choice("nvml", "synthetic", "none"), "nvml",
            "where GPU metrics come from: nvml (the driver), synthetic (demo data for 8 H100s) "
            "or none (training-metrics ingest only)"),
-    Option("--gpu-interval", positive_seconds, "5", "seconds between NVML collection cycles"),
-    Option("--node", text, None,
+    Option("--gpu-interval", kinds.positive_seconds, "5", "seconds between NVML collection cycles"),
+    Option("--node", kinds.text, None,
            "node name on every series (default: $NODE_NAME, else the hostname)"),
-    Option("--node-label", label_name, "Hostname",
+    Option("--node-label", kinds.label_name, "Hostname",
            "label naming the node on GPU series: Hostname as every released dcgm-exporter, "
            "or hostname as its main branch"),
-    Option("--expected-gpus", positive_int, None,
+    Option("--expected-gpus", kinds.positive_int, None,
            "GPUs this node should have; fewer seen is reported (default: as many as first seen)"),
-    Option("--nvml-call-timeout", positive_seconds, None,
+    Option("--nvml-call-timeout", kinds.positive_seconds, None,
            "seconds after which an NVML call that has not returned counts as hung "
            "(default: the GPU interval, at least 5)"),
-    Option("--gpu-stale-after", positive_seconds, None,
+    Option("--gpu-stale-after", kinds.positive_seconds, None,
            "seconds after which a snapshot is too old to serve "
            "(default: 3 intervals, at least 15)"),
-    Option("--ingest-token-file", text, None,
+    Option("--ingest-token-file", kinds.text, None,
            "file holding the bearer token required to POST training events (a mounted Secret); "
            "the token may also come from $GPUFLEET_INGEST_TOKEN, never from a flag"),
-    Option("--allow-unauthenticated-ingest", boolean, "false",
+    Option("--allow-unauthenticated-ingest", kinds.boolean, "false",
            "without a token, accept training events from beyond loopback too (by default only "
            "loopback clients may write when no token is set)", switch=True),
-    Option("--job-ttl", ttl_seconds, "900",
+    Option("--job-ttl", kinds.ttl_seconds, "900",
            "seconds after which a training job that stopped reporting is forgotten"),
-    Option("--max-jobs", positive_int, "16", "training jobs tracked at once"),
-    Option("--max-stages", positive_int, "64", "(training_job, pp_stage) pairs tracked at once"),
-    Option("--max-ranks-per-stage", positive_int, "64",
+    Option("--max-jobs", kinds.positive_int, "16", "training jobs tracked at once"),
+    Option("--max-stages", kinds.positive_int, "64",
+           "(training_job, pp_stage) pairs tracked at once"),
+    Option("--max-ranks-per-stage", kinds.positive_int, "64",
            "ranks tracked per (training_job, pp_stage)"),
-    Option("--max-series", positive_int, "5000", "training and checkpoint series exported, in all"),
-    Option("--max-batch-events", positive_int, "4096", "events accepted in one POST"),
-    Option("--max-body-bytes", positive_int, "2097152", "largest ingest body accepted"),
-    Option("--max-connections", positive_int, "512",
+    Option("--max-series", kinds.positive_int, "5000",
+           "training and checkpoint series exported, in all"),
+    Option("--max-batch-events", kinds.positive_int, "4096", "events accepted in one POST"),
+    Option("--max-body-bytes", kinds.positive_int, "2097152", "largest ingest body accepted"),
+    Option("--max-connections", kinds.positive_int, "512",
            "HTTP connections held open; beyond it the oldest idle one is closed"),
-    Option("--max-connections-per-client", positive_int, "64",
+    Option("--max-connections-per-client", kinds.positive_int, "64",
            "HTTP connections one client address may hold"),
     log_level_option("GPUFLEET_LOG_LEVEL"),
 ))
@@ -87,7 +71,7 @@ def ingest_token(token_file: str | None) -> str | None:
             "both an ingest token file (--ingest-token-file / GPUFLEET_INGEST_TOKEN_FILE) and "
             "GPUFLEET_INGEST_TOKEN are set; keep one"
         )
-    return read_secret("--ingest-token-file", token_file)
+    return resolve.read_secret("--ingest-token-file", token_file)
 
 
 def run_agent(values: argparse.Namespace) -> int:
@@ -96,9 +80,9 @@ def run_agent(values: argparse.Namespace) -> int:
     from gpufleet.agent.startup import run_agent as start
     from gpufleet.agent.training_aggregate import IngestLimits
 
-    logging.basicConfig(level=values.log_level.upper(), format=LOG_FORMAT)
+    resolve.configure_logging(values.log_level)
     host, port = values.listen
-    agent = settings(
+    agent = resolve.settings(
         AgentSettings,
         values,
         node=node_name(values.node),
@@ -106,8 +90,8 @@ def run_agent(values: argparse.Namespace) -> int:
         port=port,
         stale_after=values.gpu_stale_after,
         ingest_token=ingest_token(values.ingest_token_file),
-        limits=settings(IngestLimits, values, job_ttl_s=values.job_ttl),
-        connections=settings(ConnectionLimits, values),
+        limits=resolve.settings(IngestLimits, values, job_ttl_s=values.job_ttl),
+        connections=resolve.settings(ConnectionLimits, values),
     )
     return start(agent, values.log_level)
 
@@ -137,9 +121,9 @@ NVML_RECORD = Command(
     "nvml-record",
     run_nvml_record,
     (
-        Option("--out", text, None, "fixture JSON to write", required=True),
-        Option("--metrics-out", text, None, "also write the GPU part of /metrics here"),
-        Option("--node", text, None, "node name for the labels (default: hostname)"),
+        Option("--out", kinds.text, None, "fixture JSON to write", required=True),
+        Option("--metrics-out", kinds.text, None, "also write the GPU part of /metrics here"),
+        Option("--node", kinds.text, None, "node name for the labels (default: hostname)"),
     ),
     help="record this machine's NVML answers as a test fixture",
     description="Run one collection through real NVML and save every answer as a fixture "

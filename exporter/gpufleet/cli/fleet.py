@@ -3,53 +3,36 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 from typing import Any
 
-from gpufleet.cli.options import (
-    LOG_FORMAT,
-    Command,
-    ConfigError,
-    Group,
-    Option,
-    boolean,
-    choice,
-    listen,
-    log_level_option,
-    number,
-    positive_int,
-    secret,
-    settings,
-    text,
-    variables,
-    window,
-)
+from gpufleet.cli import kinds, resolve
+from gpufleet.cli.options import Command, ConfigError, Group, Option, log_level_option, variables
 
 # fmt: off
 FLEET_OPTIONS = variables("GPUFLEET_FLEET_", (
-    Option("--listen", listen, "0.0.0.0:9406", "HOST:PORT to serve on"),
-    Option("--db", text, "gpufleet-fleet.db", "SQLite database file"),
-    Option("--token", text, None,
+    Option("--listen", kinds.listen, "0.0.0.0:9406", "HOST:PORT to serve on"),
+    Option("--db", kinds.text, "gpufleet-fleet.db", "SQLite database file"),
+    Option("--token", kinds.text, None,
            "bearer token for writes and reads; prefer --token-file (a flag shows in `ps`)"),
-    Option("--token-file", text, None,
+    Option("--token-file", kinds.text, None,
            "file holding the bearer token for writes and reads (e.g. a mounted Secret)"),
-    Option("--read-token", text, None,
+    Option("--read-token", kinds.text, None,
            "a second token that may only read /v1 (prefer --read-token-file)"),
-    Option("--read-token-file", text, None, "file holding the read-only token"),
-    Option("--allow-unauthenticated-writes", boolean, "false",
+    Option("--read-token-file", kinds.text, None, "file holding the read-only token"),
+    Option("--allow-unauthenticated-writes", kinds.boolean, "false",
            "without a token, accept writes from beyond loopback too (otherwise they get 403)",
            switch=True),
-    Option("--max-nodes", positive_int, "10000",
+    Option("--max-nodes", kinds.positive_int, "10000",
            "distinct node label values the ledger exports, ever (beyond: 429)"),
-    Option("--max-training-jobs", positive_int, "500",
+    Option("--max-training-jobs", kinds.positive_int, "500",
            "distinct training_job label values the ledger exports, ever (beyond: 429)"),
-    Option("--max-reasons", positive_int, "256",
+    Option("--max-reasons", kinds.positive_int, "256",
            "distinct exclusion reasons the ledger exports, ever (beyond: 429)"),
-    Option("--max-exclusion-series", positive_int, "10000",
+    Option("--max-exclusion-series", kinds.positive_int, "10000",
            "distinct (node, reason, source) exclusion series, ever (beyond: 429)"),
-    Option("--idempotency-window", window, "7d",
+    Option("--idempotency-window", kinds.window, "7d",
            "how long an Idempotency-Key is remembered (a retry must come within it), e.g. 7d, 48h"),
     log_level_option("GPUFLEET_LOG_LEVEL"),
 ))
@@ -58,15 +41,17 @@ FLEET_OPTIONS = variables("GPUFLEET_FLEET_", (
 # The flags every command that talks to a running ledger takes. The tokens' variables are
 # read by LedgerClient (GPUFLEET_FLEET_TOKEN wins over GPUFLEET_FLEET_TOKEN_FILE there).
 LEDGER_OPTIONS = (
-    Option("--fleet-url", text, "http://127.0.0.1:9406", "the ledger", env="GPUFLEET_FLEET_URL"),
+    Option(
+        "--fleet-url", kinds.text, "http://127.0.0.1:9406", "the ledger", env="GPUFLEET_FLEET_URL"
+    ),
     Option(
         "--token",
-        text,
+        kinds.text,
         None,
         "bearer token (default: $GPUFLEET_FLEET_TOKEN, else the file named by "
         "$GPUFLEET_FLEET_TOKEN_FILE); prefer --token-file, a flag shows in `ps`",
     ),
-    Option("--token-file", text, None, "file holding the bearer token"),
+    Option("--token-file", kinds.text, None, "file holding the bearer token"),
 )
 
 
@@ -74,9 +59,9 @@ def run_fleet(values: argparse.Namespace) -> int:
     from gpufleet.fleet.service import LedgerOpenError, open_ledger, serve_ledger
     from gpufleet.fleet.store import LedgerLimits
 
-    logging.basicConfig(level=values.log_level.upper(), format=LOG_FORMAT)
-    token, read_token = secret(values, "token"), secret(values, "read_token")
-    limits = settings(LedgerLimits, values, idempotency_window_s=values.idempotency_window)
+    resolve.configure_logging(values.log_level)
+    token, read_token = resolve.secret(values, "token"), resolve.secret(values, "read_token")
+    limits = resolve.settings(LedgerLimits, values, idempotency_window_s=values.idempotency_window)
     try:
         store = open_ledger(values.db, limits)
     except LedgerOpenError as error:
@@ -167,11 +152,13 @@ EXCLUDE = Command(
     "exclude",
     run_exclude,
     (
-        Option("node", text, None, ""),
-        Option("--reason", text, None, "why, e.g. xid79, ecc, slow, maintenance", required=True),
-        Option("--source", choice("manual", "auto"), "manual", "who decided: manual or auto"),
-        Option("--job", text, None, "the training job it was excluded from"),
-        Option("--note", text, "", "free text for the postmortem"),
+        Option("node", kinds.text, None, ""),
+        Option(
+            "--reason", kinds.text, None, "why, e.g. xid79, ecc, slow, maintenance", required=True
+        ),
+        Option("--source", kinds.choice("manual", "auto"), "manual", "who decided: manual or auto"),
+        Option("--job", kinds.text, None, "the training job it was excluded from"),
+        Option("--note", kinds.text, "", "free text for the postmortem"),
         *LEDGER_OPTIONS,
     ),
     help="record that a node is taken out of service",
@@ -179,19 +166,19 @@ EXCLUDE = Command(
 RELEASE = Command(
     "release",
     run_release,
-    (Option("node", text, None, ""), Option("--note", text, "", ""), *LEDGER_OPTIONS),
+    (Option("node", kinds.text, None, ""), Option("--note", kinds.text, "", ""), *LEDGER_OPTIONS),
     help="record that a node is back in service",
 )
 REPORT = Command(
     "report",
     run_report,
     (
-        Option("--prometheus", text, None, "Prometheus URL", required=True),
-        Option("--since", text, "30d", "period to cover, e.g. 12h, 30d"),
-        Option("--until", number, None, "end of the period, Unix time (default: now)"),
-        Option("--out", text, "gpufleet-report", "output directory"),
-        Option("--format", choice("md", "html"), "md", "md or html"),
-        Option("--db", text, None, "read the ledger's SQLite file instead of its API"),
+        Option("--prometheus", kinds.text, None, "Prometheus URL", required=True),
+        Option("--since", kinds.text, "30d", "period to cover, e.g. 12h, 30d"),
+        Option("--until", kinds.number, None, "end of the period, Unix time (default: now)"),
+        Option("--out", kinds.text, "gpufleet-report", "output directory"),
+        Option("--format", kinds.choice("md", "html"), "md", "md or html"),
+        Option("--db", kinds.text, None, "read the ledger's SQLite file instead of its API"),
         *LEDGER_OPTIONS,
     ),
     help="write a postmortem / capacity-review report (Markdown or HTML, PNG charts)",
@@ -207,7 +194,7 @@ EXCLUSIONS = Group(
         Command(
             "top",
             run_exclusions_top,
-            (Option("--days", number, "30", "the period, in days"), *LEDGER_OPTIONS),
+            (Option("--days", kinds.number, "30", "the period, in days"), *LEDGER_OPTIONS),
             help="nodes by exclusions, their share and the top-3 share",
         ),
     ),

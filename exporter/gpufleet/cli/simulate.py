@@ -3,58 +3,45 @@
 from __future__ import annotations
 
 import argparse
-import logging
 from pathlib import Path
 
-from gpufleet.cli.options import (
-    LOG_FORMAT,
-    Command,
-    ConfigError,
-    Option,
-    boolean,
-    choice,
-    integer,
-    listen,
-    log_level_option,
-    number,
-    settings,
-    text,
-    variables,
-)
+from gpufleet.cli import kinds, resolve
+from gpufleet.cli.options import Command, ConfigError, Option, log_level_option, variables
 
 # fmt: off
 SIMULATE_OPTIONS = variables("GPUFLEET_SIM_", (
-    Option("--nodes", integer, None, "nodes (default: the scenario's)"),
-    Option("--gpus-per-node", integer, None, "GPUs per node (default: 8)"),
-    Option("--layout", text, None, "DPxPPxTP, e.g. 8x4x8 (default: TP = GPUs per node)"),
-    Option("--scenario", text, "realistic-week", "a bundled scenario name or a YAML file"),
-    Option("--list-scenarios", boolean, "false", "list bundled scenarios", switch=True),
-    Option("--seed", integer, "0", "random seed"),
-    Option("--listen", listen, "127.0.0.1:9500", "HOST:PORT to serve on"),
-    Option("--targets-file", text, "gpufleet-sim-targets.json",
+    Option("--nodes", kinds.integer, None, "nodes (default: the scenario's)"),
+    Option("--gpus-per-node", kinds.integer, None, "GPUs per node (default: 8)"),
+    Option("--layout", kinds.text, None, "DPxPPxTP, e.g. 8x4x8 (default: TP = GPUs per node)"),
+    Option("--scenario", kinds.text, "realistic-week", "a bundled scenario name or a YAML file"),
+    Option("--list-scenarios", kinds.boolean, "false", "list bundled scenarios", switch=True),
+    Option("--seed", kinds.integer, "0", "random seed"),
+    Option("--listen", kinds.listen, "127.0.0.1:9500", "HOST:PORT to serve on"),
+    Option("--targets-file", kinds.text, "gpufleet-sim-targets.json",
            "Prometheus file_sd file to write ('' for none)"),
-    Option("--tick", number, "1", "seconds between updates"),
-    Option("--horizon", number, "30", "days of timeline to draw up (live mode)"),
-    Option("--history", number, None, "write DAYS of history", metavar="DAYS"),
-    Option("--out", text, None, "directory for the history and its ground truth"),
-    Option("--end", number, None, "Unix time the history ends (default: now)"),
-    Option("--history-step", number, "30", "seconds between history samples"),
-    Option("--shards", integer, "2", "processes writing the history"),
-    Option("--rank-series", choice("auto", "all", "none"), "auto",
+    Option("--tick", kinds.number, "1", "seconds between updates"),
+    Option("--horizon", kinds.number, "30", "days of timeline to draw up (live mode)"),
+    Option("--history", kinds.number, None, "write DAYS of history", metavar="DAYS"),
+    Option("--out", kinds.text, None, "directory for the history and its ground truth"),
+    Option("--end", kinds.number, None, "Unix time the history ends (default: now)"),
+    Option("--history-step", kinds.number, "30", "seconds between history samples"),
+    Option("--shards", kinds.integer, "2", "processes writing the history"),
+    Option("--rank-series", kinds.choice("auto", "all", "none"), "auto",
            "write per-rank compute series in the history "
            "(auto: jobs with at most 4 nodes per pipeline stage)"),
-    Option("--fleet-url", text, None, "also report exclusions and job attempts to this ledger"),
+    Option("--fleet-url", kinds.text, None,
+           "also report exclusions and job attempts to this ledger"),
     # The ledger's own variable, as every command that talks to the ledger reads it.
-    Option("--fleet-token", text, None,
+    Option("--fleet-token", kinds.text, None,
            "the ledger's bearer token, if it needs one (else from $GPUFLEET_FLEET_TOKEN_FILE)",
            env="GPUFLEET_FLEET_TOKEN"),
     log_level_option("GPUFLEET_SIM_LOG_LEVEL", default="warning"),
 ))
 DEMO_OPTIONS = variables("GPUFLEET_DEMO_", (
-    Option("--workdir", text, ".demo", "where logs and data go"),
-    Option("--scenario", text, "demo", "simulator scenario"),
-    Option("--nodes", integer, "64", "simulated nodes"),
-    Option("--pager-port", integer, None,
+    Option("--workdir", kinds.text, ".demo", "where logs and data go"),
+    Option("--scenario", kinds.text, "demo", "simulator scenario"),
+    Option("--nodes", kinds.integer, "64", "simulated nodes"),
+    Option("--pager-port", kinds.integer, None,
            "run the pager on this port instead of the one deploy/alertmanager/alertmanager.yml "
            "names (9407): Alertmanager then reads a copy with only that port changed"),
 ))
@@ -74,7 +61,7 @@ def run_simulate(values: argparse.Namespace) -> int:
     if values.list_scenarios:
         print("\n".join(scenario_list()))
         return 0
-    logging.basicConfig(level=values.log_level.upper(), format=LOG_FORMAT)
+    resolve.configure_logging(values.log_level)
     try:
         scenario = load_scenario(values.scenario).with_cluster(
             nodes=values.nodes, gpus_per_node=values.gpus_per_node, layout=values.layout
@@ -88,7 +75,7 @@ def run_simulate(values: argparse.Namespace) -> int:
             f"scenario {scenario.name} runs several jobs (a shared cluster): write its history "
             "with --history; serving live, --fleet-url, --nodes and --layout are for one job"
         )
-    run = settings(SimulatorRun, values)
+    run = resolve.settings(SimulatorRun, values)
     if run.history is None:
         serve_live(scenario, run)
         return 0
@@ -145,8 +132,8 @@ MIXIN = Command(
     "mixin",
     run_mixin,
     (
-        Option("--config", text, None, "site YAML of knobs (default: none, the defaults)"),
-        Option("--out", text, "gpufleet-rules", "directory for the rule files"),
+        Option("--config", kinds.text, None, "site YAML of knobs (default: none, the defaults)"),
+        Option("--out", kinds.text, "gpufleet-rules", "directory for the rule files"),
     ),
     help="write the alerting and recording rules with a site's own settings",
     description="Generate gpufleet's rule files with the knobs of a site YAML (scrape job "
