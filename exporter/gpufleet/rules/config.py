@@ -142,8 +142,21 @@ class RulesConfig:
     straggler_ratio: float = 1.10
     straggler_zscore: float = 3.5
     straggler_min_peers: int = 4  # nodes in the stage; below it, compare ranks
-    straggler_min_rank_peers: int = 8
-    straggler_for: str = "5m"
+    # Ranks a stage of fewer nodes needs for a comparison: with fewer, nothing says which
+    # of two is the slow one, and stage:gpufleet_straggler_detection:active says 0 (and why).
+    straggler_min_rank_peers: int = 3
+    # A rank must also be this many seconds per step slower than its reference: a job of
+    # millisecond steps must not page for a millisecond of jitter.
+    straggler_min_excess_seconds: float = 0.02
+    straggler_for: str = "3m"
+    # Coverage is reported (info) once a stage has been without a comparison this long.
+    detection_inactive_for: str = "15m"
+    # Subtle stragglers (5-10% slower): the node ratio over a longer window, and the node
+    # slower than its own baseline too (relative to the job), so that a node that always
+    # ran a little slower, or uneven work across data-parallel ranks, does not page.
+    straggler_subtle_window: str = "15m"
+    straggler_subtle_ratio: float = 1.04
+    straggler_subtle_baseline_ratio: float = 1.03
     # peers that agree closely must not make a tiny difference look huge: MAD floor
     mad_floor: float = 0.005
     baseline_window: str = "2h"
@@ -157,13 +170,23 @@ class RulesConfig:
     job_slowdown_quantile: float = 0.25
     job_slowdown_window: str = "10m"
     job_slowdown_for: str = "3m"
+    # The steady step time must stay above the ratio this long before the `for` starts:
+    # it is the slowest of every GPU each step, and grazes the ratio now and then.
+    job_slowdown_hold_window: str = "5m"
+    # Every node's collective wait per step rose over its own baseline by at least this
+    # share of the job's step time: a slow network (the least rise of any node, so
+    # waiting for one slow or stalled peer does not count).
+    job_comm_step_share: float = 0.04
+    # Each node's collective baseline: this quantile of its step_window waits over the
+    # baseline window (the mean would carry an earlier slow spell in the window).
+    job_comm_baseline_quantile: float = 0.1
     stage_imbalance_ratio: float = 1.20
     stage_imbalance_for: str = "30m"
     hang_step_multiple: float = 10.0
-    hang_min_seconds: float = 300.0
+    hang_min_seconds: float = 120.0
     hang_memory: str = "2h"
     hang_step_window: str = "1h"  # the step time a hang is measured against
-    hang_for: str = "1m"
+    hang_for: str = "30s"
     data_wait_window: str = "15m"
     data_wait_share: float = 0.20
     data_wait_peer_multiple: float = 3.0

@@ -34,12 +34,38 @@ class TrainingSeries(SeriesNames):
     compute_ratio: str = "node:gpufleet_training_compute_ratio:rate{rate_window}"
     compute_zscore: str = "node:gpufleet_training_compute_zscore:rate{rate_window}"
     # per rank: compute seconds per step, and the same against the rank peers
+    # the stage's fastest node (stage imbalance compares stages by it)
+    stage_fastest: str = "stage:gpufleet_training_slowest_compute_per_step:min{rate_window}"
+    # per rank: compute seconds per step; ranks per stage
     rank: str = "rank:gpufleet_training_compute_per_step:rate{rate_window}"
-    rank_median: str = "stage:gpufleet_training_rank_compute_per_step:median{rate_window}"
-    rank_mad: str = "stage:gpufleet_training_rank_compute_per_step:mad{rate_window}"
     stage_ranks: str = "stage:gpufleet_training_ranks:count{rate_window}"
+    # in stages of fewer than straggler_min_peers nodes: each node's median, MAD and
+    # slowest rank; the stage's reference (the fastest node's median rank) and spread
+    # (the least within-node MAD); each node's slowest rank against them
+    node_rank_median: str = "node:gpufleet_training_rank_compute_per_step:median{rate_window}"
+    node_rank_mad: str = "node:gpufleet_training_rank_compute_per_step:mad{rate_window}"
+    node_rank_max: str = "node:gpufleet_training_rank_compute_per_step:max{rate_window}"
+    rank_reference: str = "stage:gpufleet_training_rank_compute_per_step:reference{rate_window}"
+    rank_spread: str = "stage:gpufleet_training_rank_compute_per_step:spread{rate_window}"
     rank_ratio: str = "node:gpufleet_training_rank_compute_ratio:max{rate_window}"
     rank_zscore: str = "node:gpufleet_training_rank_compute_zscore:max{rate_window}"
+    rank_excess: str = "node:gpufleet_training_rank_compute_excess:max{rate_window}"
+    # subtle stragglers: the node's compute against its stage over a longer window
+    slowest_long: str = (
+        "node:gpufleet_training_slowest_compute_per_step:rate{straggler_subtle_window}"
+    )
+    stage_median_long: str = (
+        "stage:gpufleet_training_slowest_compute_per_step:median{straggler_subtle_window}"
+    )
+    stage_mad_long: str = (
+        "stage:gpufleet_training_slowest_compute_per_step:mad{straggler_subtle_window}"
+    )
+    compute_ratio_long: str = "node:gpufleet_training_compute_ratio:rate{straggler_subtle_window}"
+    compute_zscore_long: str = "node:gpufleet_training_compute_zscore:rate{straggler_subtle_window}"
+    # the straggler condition without its `for`, valued by how much slower
+    straggler: str = "node:gpufleet_training_straggler:ratio{rate_window}"
+    # per stage: 1 if a peer comparison covers it, 0 if not (label reason says why)
+    detection_active: str = "stage:gpufleet_straggler_detection:active"
     # node-stages whose slowest rank stepped within step_window; their step seconds
     stepping: str = "node:gpufleet_training_slowest_rank_steps:rate{step_window}"
     node_step: str = "node:gpufleet_training_step_seconds:rate{step_window}"
@@ -55,6 +81,12 @@ class TrainingSeries(SeriesNames):
         "job:gpufleet_training_step_seconds:p{slowdown_percent}_baseline{baseline_window}"
     )
     job_step_avg: str = "job:gpufleet_training_step_seconds:avg{hang_step_window}"
+    # each node's collective wait per step, its baseline, and the job's least rise over it
+    node_comm: str = "node:gpufleet_training_collective_wait_per_step:rate{step_window}"
+    node_comm_baseline: str = (
+        "node:gpufleet_training_collective_wait_per_step:baseline{baseline_window}"
+    )
+    job_comm_rise: str = "job:gpufleet_training_collective_wait_per_step:min_rise{step_window}"
     data_wait_share: str = "node:gpufleet_training_data_wait_share:rate{data_wait_window}"
     data_wait_median: str = "stage:gpufleet_training_data_wait_share:median{data_wait_window}"
     # the hang detector's memory of each node-stage's last step and finish
@@ -65,6 +97,30 @@ class TrainingSeries(SeriesNames):
     @classmethod
     def derived(cls, config: RulesConfig) -> dict[str, object]:
         return {"slowdown_percent": round(config.job_slowdown_quantile * 100)}
+
+
+def straggler_expr(config: RulesConfig, series: TrainingSeries) -> str:
+    """A node slower than its stage peers, valued by how much: node level where the stage
+    has straggler_min_peers nodes, else rank level (its slowest rank against the fastest
+    node's median rank) where it has straggler_min_rank_peers ranks; or subtly slower
+    over straggler_subtle_window and slower than the node itself was."""
+    nodes, ranks = series.stage_nodes, series.stage_ranks
+    return (
+        f"(\n  (\n  {series.compute_ratio} > {config.straggler_ratio}\n"
+        f"  and {series.compute_zscore} > {config.straggler_zscore}\n"
+        f"  and on ({STAGE}) ({nodes} >= {config.straggler_min_peers})\n  )\n  or (\n"
+        f"  {series.rank_ratio} > {config.straggler_ratio}\n"
+        f"  and {series.rank_zscore} > {config.straggler_zscore}\n"
+        f"  and {series.rank_excess} > {config.straggler_min_excess_seconds}\n"
+        f"  and on ({STAGE}) ({ranks} >= {config.straggler_min_rank_peers})\n  )\n  or (\n"
+        # a subtle slowdown: over a longer window, and slower than the node was itself
+        # (a node always a little slower, or a stage of uneven work, never pages)
+        f"  {series.compute_ratio_long} > {config.straggler_subtle_ratio}\n"
+        f"  and {series.compute_zscore_long} > {config.straggler_zscore}\n"
+        f"  and on ({NODE_STAGE}) {series.baseline_ratio} > {config.straggler_subtle_baseline_ratio}\n"
+        f"  and on ({STAGE}) ({nodes} >= {config.straggler_min_peers})\n  )\n)\n"
+        f"and on ({NODE_STAGE}) {series.stepping}"
+    )
 
 
 def training_recording(config: RulesConfig) -> list[Group]:
@@ -84,8 +140,16 @@ def training_recording(config: RulesConfig) -> list[Group]:
     steady, steady_baseline = series.job_steady, series.job_steady_baseline
     q, steady_w = config.job_slowdown_quantile, config.job_slowdown_window
     rank = series.rank
-    rank_median = series.rank_median
-    rank_mad = series.rank_mad
+    nodes, ranks = series.stage_nodes, series.stage_ranks
+    node_rank_median, node_rank_mad = series.node_rank_median, series.node_rank_mad
+    node_rank_max = series.node_rank_max
+    rank_reference, rank_spread = series.rank_reference, series.rank_spread
+    slow_long, median_long, mad_long = (
+        series.slowest_long,
+        series.stage_median_long,
+        series.stage_mad_long,
+    )
+    long_w = config.straggler_subtle_window
     floor = config.mad_floor
     base_w, base_o = config.baseline_window, config.baseline_offset
 
@@ -99,6 +163,7 @@ def training_recording(config: RulesConfig) -> list[Group]:
             f"/ {rate_sum('gpufleet_training_slowest_rank_steps_total', NODE_STAGE)}",
         ),
         Record(median, f"quantile by ({STAGE}) (0.5, {slow})"),
+        Record(series.stage_fastest, f"min by ({STAGE}) ({slow})"),
         Record(mad, f"quantile by ({STAGE}) (0.5, abs({slow} - on ({STAGE}) group_left {median}))"),
         Record(series.stage_nodes, f"count by ({STAGE}) ({slow})"),
         Record(
@@ -114,20 +179,69 @@ def training_recording(config: RulesConfig) -> list[Group]:
             f"{rate_sum('gpufleet_training_rank_compute_seconds_total', NODE_STAGE + ', rank')}\n"
             f"/ {rate_sum('gpufleet_training_rank_steps_total', NODE_STAGE + ', rank')}",
         ),
-        Record(rank_median, f"quantile by ({STAGE}) (0.5, {rank})"),
+        Record(ranks, f"count by ({STAGE}) ({rank})"),
+    ]
+    coverage = [
+        # Rank level, for stages of fewer nodes than straggler_min_peers only (a big stage
+        # has its node comparison, and this keeps the cost off the fleet's big jobs). The
+        # reference is the fastest node's median rank, not the stage's median: with two
+        # nodes one slow node holds half the ranks and would drag the median halfway to
+        # itself. The spread is the least within-node MAD: what healthy peers vary by.
         Record(
-            rank_mad,
-            f"quantile by ({STAGE}) (0.5, abs({rank} - on ({STAGE}) group_left {rank_median}))",
+            node_rank_median,
+            f"quantile by ({NODE_STAGE}) (0.5,\n  {rank}\n"
+            f"  and on ({STAGE}) ({nodes} < {config.straggler_min_peers})\n)",
         ),
-        Record(series.stage_ranks, f"count by ({STAGE}) ({rank})"),
         Record(
-            series.rank_ratio,
-            f"max by ({NODE_STAGE}) ({rank} / on ({STAGE}) group_left {rank_median})",
+            node_rank_mad,
+            f"quantile by ({NODE_STAGE}) (0.5, abs({rank} - on ({NODE_STAGE}) group_left {node_rank_median}))",
         ),
+        Record(
+            node_rank_max,
+            f"max by ({NODE_STAGE}) (\n  {rank}\n"
+            f"  and on ({STAGE}) ({nodes} < {config.straggler_min_peers})\n)",
+        ),
+        Record(rank_reference, f"min by ({STAGE}) ({node_rank_median})"),
+        Record(rank_spread, f"min by ({STAGE}) ({node_rank_mad})"),
+        # Each node's slowest rank against the reference (node level from here: cheap).
+        Record(series.rank_ratio, f"{node_rank_max} / on ({STAGE}) group_left {rank_reference}"),
         Record(
             series.rank_zscore,
-            f"max by ({NODE_STAGE}) (\n  ({rank} - on ({STAGE}) group_left {rank_median})\n"
-            f"  / on ({STAGE}) group_left () {scale(rank_mad, rank_median)}\n)",
+            f"({node_rank_max} - on ({STAGE}) group_left {rank_reference})\n"
+            f"/ on ({STAGE}) group_left () {scale(rank_spread, rank_reference)}",
+        ),
+        Record(series.rank_excess, f"{node_rank_max} - on ({STAGE}) group_left {rank_reference}"),
+        # Subtle slowdowns (5-10%) need a longer window: over 15 minutes rank-to-rank
+        # noise and workload imbalance (sequence lengths) average out, a slow GPU does not.
+        Record(
+            slow_long,
+            f"{rate_sum('gpufleet_training_slowest_rank_compute_seconds_total', NODE_STAGE, long_w)}\n"
+            f"/ {rate_sum('gpufleet_training_slowest_rank_steps_total', NODE_STAGE, long_w)}",
+        ),
+        Record(median_long, f"quantile by ({STAGE}) (0.5, {slow_long})"),
+        Record(
+            mad_long,
+            f"quantile by ({STAGE}) (0.5, abs({slow_long} - on ({STAGE}) group_left {median_long}))",
+        ),
+        Record(series.compute_ratio_long, f"{slow_long} / on ({STAGE}) group_left {median_long}"),
+        Record(
+            series.compute_zscore_long,
+            f"({slow_long} - on ({STAGE}) group_left {median_long})\n"
+            f"/ on ({STAGE}) group_left () {scale(mad_long, median_long)}",
+        ),
+        # The straggler condition without its `for`: the alert reads it, and stage
+        # imbalance is silent for a stage that holds one.
+        Record(series.straggler, straggler_expr(config, series)),
+        # Which stages have a peer comparison, and why not where none: 1 covered, 0 not.
+        Record(
+            series.detection_active,
+            f'label_replace(({nodes} >= {config.straggler_min_peers}) * 0 + 1, "reason", "node_peers", "", "")\n'
+            f"or on ({STAGE})\n"
+            f'label_replace(({ranks} >= {config.straggler_min_rank_peers}) * 0 + 1, "reason", "rank_peers", "", "")\n'
+            f"or on ({STAGE})\n"
+            f'label_replace({nodes} * 0, "reason", "too_few_peers", "", "")\n'
+            f"or on ({STAGE})\n"
+            f'label_replace(count by ({STAGE}) ({series.node_step}) * 0, "reason", "no_compute_split", "", "")',
         ),
     ]
     node_baseline = series.node_baseline
@@ -173,6 +287,28 @@ def training_recording(config: RulesConfig) -> list[Group]:
             steady_baseline,
             f"quantile_over_time({q}, {series.job_step}[{base_w}:1m] offset {base_o})",
         ),
+        # How much the job's collectives slowed: each node's collective wait per step
+        # against its own baseline, the least rise of any node. A node's wait holds the
+        # collective itself and the wait for the slowest rank (a straggler, another
+        # node's data-loader stall, a heavier stage): those raise some nodes' wait and
+        # never the node that waited for no one, whose wait is the collective's own; a
+        # slow link or switch raises every node's.
+        Record(
+            series.node_comm,
+            f"{rate_sum('gpufleet_training_collective_wait_seconds_total', NODE_STAGE, step_w)}\n"
+            # no steps, no value (not NaN: one NaN makes the baseline's quantile NaN)
+            f"/ ({rate_sum('gpufleet_training_steps_total', NODE_STAGE, step_w)} > 0)",
+        ),
+        # A low quantile, not the mean: an earlier slow spell in the window must not
+        # raise the baseline (the job's collectives at their fastest are the reference).
+        Record(
+            series.node_comm_baseline,
+            f"quantile_over_time({config.job_comm_baseline_quantile}, {series.node_comm}[{base_w}:2m] offset {base_o})",
+        ),
+        Record(
+            series.job_comm_rise,
+            f"min by (training_job) ({series.node_comm} - {series.node_comm_baseline})",
+        ),
         Record(
             series.job_step_avg,
             f"{rate_sum('gpufleet_training_step_seconds_total', 'training_job', config.hang_step_window)}\n"
@@ -215,6 +351,7 @@ def training_recording(config: RulesConfig) -> list[Group]:
     ]
     return [
         Group("gpufleet-training-peers", peers),
+        Group("gpufleet-training-coverage", coverage),
         Group("gpufleet-training-trends", [*trends, *ends]),
     ]
 
@@ -223,12 +360,7 @@ def training_alerts(config: RulesConfig) -> Group:
     series = TrainingSeries.of(config)
     steady, steady_baseline = series.job_steady, series.job_steady_baseline
     ratio = series.compute_ratio
-    zscore = series.compute_zscore
-    nodes = series.stage_nodes
-    rank_ratio = series.rank_ratio
-    rank_z = series.rank_zscore
-    ranks = series.stage_ranks
-    median = series.stage_median
+    fastest = series.stage_fastest
     last_step_memory = series.last_step
     unfinished = series.unfinished
     in_flight = metric("gpufleet_checkpoint_in_flight", config.agent_selector)
@@ -237,16 +369,12 @@ def training_alerts(config: RulesConfig) -> Group:
     rules: list[Record | Alert] = [
         Alert(
             "GpuFleetStragglerNode",
-            f"(\n  (\n  {ratio} > {config.straggler_ratio}\n  and {zscore} > {config.straggler_zscore}\n"
-            f"  and on ({STAGE}) ({nodes} >= {config.straggler_min_peers})\n  )\n  or (\n"
-            f"  {rank_ratio} > {config.straggler_ratio}\n  and {rank_z} > {config.straggler_zscore}\n"
-            f"  and on ({STAGE}) ({nodes} < {config.straggler_min_peers})\n"
-            f"  and on ({STAGE}) ({ranks} >= {config.straggler_min_rank_peers})\n  )\n)\n"
-            f"and on ({NODE_STAGE}) {series.stepping}",
+            series.straggler,
             "warning",
             "A node computes persistently slower than its peers in the same pipeline stage.",
-            f'{JOB_NODE} computes {{{{ $value | printf "%.2f" }}}}x the median of its stage '
-            f"peers, for {config.straggler_for}: in lock-step training it sets the pace for every rank. "
+            f'{JOB_NODE} computes {{{{ $value | printf "%.2f" }}}}x its stage peers (the '
+            "median node, or in a stage of few nodes the fastest node's median rank), for "
+            f"{config.straggler_for}: in lock-step training it sets the pace for every rank. "
             "Check its GPUs' clocks and throttling; drain it and let the job continue without it.",
             config.straggler_for,
         ),
@@ -264,10 +392,20 @@ def training_alerts(config: RulesConfig) -> Group:
         ),
         Alert(
             "GpuFleetJobSlowdown",
-            f"{steady}\n/ {steady_baseline} > {config.job_slowdown_ratio}\n"
+            # Two signals, valued as the job's step time against its baseline. The steady
+            # step time is the slowest of every GPU each step: it grazes the ratio now and
+            # then, so its least over a while (the baseline barely moves in it) must be
+            # above the ratio: it must hold for job_slowdown_hold_window first. The least rise of
+            # any node's collective wait is steadier and sees a slow network at once: as a
+            # share of the step time.
+            f"(\n  min_over_time({steady}[{config.job_slowdown_hold_window}:1m]) / {steady_baseline}\n"
+            f"  > {config.job_slowdown_ratio}\n"
+            f"  or on (training_job)\n"
+            f"  1 + {series.job_comm_rise} / {steady_baseline} > {1 + config.job_comm_step_share}\n)\n"
             f"and on (training_job) count by (training_job) ({series.node_step})\n"
             # A straggler slows a lock-step job too; it has its own page, naming the node.
-            f"unless on (training_job) max by (training_job) ({ratio}) > {config.straggler_ratio}",
+            f"unless on (training_job) max by (training_job) ({ratio}) > {config.straggler_ratio}\n"
+            f"unless on (training_job) count by (training_job) ({series.straggler})",
             "warning",
             "A training job runs slower than its recent baseline (job-wide, not one node).",
             'Job {{ $labels.training_job }} takes {{ $value | printf "%.2f" }}x its recent '
@@ -277,12 +415,32 @@ def training_alerts(config: RulesConfig) -> Group:
         ),
         Alert(
             "GpuFleetStageImbalance",
-            f"max by (training_job) ({median}) / min by (training_job) ({median}) > {config.stage_imbalance_ratio}",
+            # Stages compared by their fastest node, which one slow node does not move (with
+            # two nodes a stage's median is their mean), and never while a node of the
+            # stage is a straggler: that is the node's fault, not the layout's.
+            f"{fastest}\n/ on (training_job) group_left () min by (training_job) ({fastest})\n"
+            f"> {config.stage_imbalance_ratio}\n"
+            f"unless on ({STAGE}) {series.straggler}",
             "info",
-            "Pipeline stages of a job take noticeably different compute time.",
-            "The slowest pipeline stage of job {{ $labels.training_job }} computes "
-            '{{ $value | printf "%.2f" }}x the fastest: rebalance the layers across stages.',
+            "A pipeline stage of a job takes noticeably longer to compute than the others.",
+            "Pipeline stage {{ $labels.pp_stage }} of job {{ $labels.training_job }} computes "
+            '{{ $value | printf "%.2f" }}x the fastest stage, on every node of the stage: '
+            "rebalance the layers across stages.",
             config.stage_imbalance_for,
+        ),
+        Alert(
+            "GpuFleetStragglerDetectionInactive",
+            f"{series.detection_active} == 0\n"
+            f"and on ({STAGE}) count by ({STAGE}) ({series.node_step})",
+            "info",
+            "A pipeline stage of a running job has no straggler detection: too few peers.",
+            "Stage {{ $labels.pp_stage }} of job {{ $labels.training_job }} cannot be compared "
+            "with peers ({{ $labels.reason }}): "
+            f"a slow node there pages nothing. Peer comparison needs {config.straggler_min_peers} "
+            f"nodes or {config.straggler_min_rank_peers} reporting ranks per stage, and a "
+            "compute split (report compute time, not only step time; report more ranks per "
+            "node). Job slowdown and the node's own baseline still apply.",
+            config.detection_inactive_for,
         ),
         Alert(
             "GpuFleetJobHung",
