@@ -55,7 +55,7 @@ def test_static_labels_and_matchers_select_and_filter() -> None:
 def test_every_inlined_alert_parses_and_reads_no_recorded_series(tmp_path: Path) -> None:
     paths = sorted(ALERTS_DIR.glob("*.rules.yaml"))
     alerts = inlined_alerts(paths)
-    assert len(alerts) == 32
+    assert len(alerts) == 33
     recorded = {
         rule["record"]
         for path in paths
@@ -80,7 +80,7 @@ def test_every_inlined_alert_parses_and_reads_no_recorded_series(tmp_path: Path)
     )
     assert result.returncode == 0, result.stdout + result.stderr
     straggler = next(a for a in alerts if a.name == "GpuFleetStragglerNode")
-    assert straggler.for_seconds == 300 and straggler.labels == {"severity": "warning"}
+    assert straggler.for_seconds == 180 and straggler.labels == {"severity": "warning"}
 
 
 def test_a_range_over_a_recorded_series_becomes_a_subquery() -> None:
