@@ -161,7 +161,7 @@ def test_the_demo_pages_straggler_then_checkpoint_then_xid_and_recovers(
         print(f"pages fired {[round(at * FACTOR) for at in times]} s into the uncompressed story")
         assert times == sorted(times), f"pages fired at {times} s after the story began"
         # ...each near its minute in the README ("What the demo shows"), within ten minutes.
-        promised = [(4.5, 6.5), (6, 8), (8, 10)]
+        promised = [(3, 5), (6, 8), (8, 10)]
         for page, at, (earliest, latest) in zip(PAGES, times, promised, strict=True):
             assert earliest * 60 <= at * FACTOR <= latest * 60, (page, at * FACTOR)
         assert max(first.values()) - t0 <= 600 / FACTOR
