@@ -33,7 +33,6 @@ class TrainingSeries(SeriesNames):
     # a node's compute against its stage median
     compute_ratio: str = "node:gpufleet_training_compute_ratio:rate{rate_window}"
     compute_zscore: str = "node:gpufleet_training_compute_zscore:rate{rate_window}"
-    # per rank: compute seconds per step, and the same against the rank peers
     # the stage's fastest node (stage imbalance compares stages by it)
     stage_fastest: str = "stage:gpufleet_training_slowest_compute_per_step:min{rate_window}"
     # per rank: compute seconds per step; ranks per stage
