@@ -22,6 +22,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
+from gpufleet.schema.labels import TrainingJob
+
 # Longest step / checkpoint operation that is still plausible. Anything longer is
 # a clock or unit mistake (milliseconds sent as seconds), not a measurement.
 MAX_STEP_SECONDS = 3600.0
@@ -30,11 +32,6 @@ MAX_TOKENS_PER_STEP = 10**9
 MAX_CHECKPOINT_BYTES = 10**15  # 1 PB
 SPLIT_TOLERANCE = 1.05  # the parts of a step may exceed its wall time by timer jitter
 
-# Label values a client can set: job ids from TorchElastic, Slurm, Kubernetes, MLflow...
-TrainingJob = Annotated[
-    str,
-    StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@/+=-]*$"),
-]
 Rank = Annotated[int, Field(ge=0, le=1 << 20)]
 Stage = Annotated[int, Field(ge=0, le=1023)]
 Seconds = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]

@@ -6,13 +6,11 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from gpufleet.schema.labels import TrainingJob
+
 NodeName = Annotated[
     str,
     StringConstraints(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$"),
-]
-TrainingJob = Annotated[
-    str,
-    StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@/+=-]*$"),
 ]
 Reason = Annotated[
     str,
