@@ -260,3 +260,31 @@ def test_the_runbook_names_real_panels() -> None:
     named = {title for line in lines for title in re.findall(r'"([^"]+)"', line)}
     assert named and named - titles == set()
     assert {uid for line in lines for uid in re.findall(r"`(gpufleet-[a-z-]+)`", line)} <= uids
+
+
+def test_the_coverage_table_explains_every_reason_the_rules_record() -> None:
+    expr = next(
+        rule["expr"]
+        for path in (ROOT / "alerts").glob("*.rules.yaml")
+        for group in yaml.safe_load(path.read_text())["groups"]
+        for rule in group["rules"]
+        if rule.get("record") == "stage:gpufleet_straggler_detection:active"
+    )
+    recorded = set(re.findall(r'"reason", "(\w+)"', expr))
+    table = next(
+        panel
+        for panel in committed()["fail-slow"]["panels"]
+        if panel["title"] == "Straggler detection coverage by job and stage"
+    )
+    mapped = next(
+        prop["value"][0]["options"]
+        for override in table["fieldConfig"]["overrides"]
+        if override["matcher"]["options"] == "reason"
+        for prop in override["properties"]
+        if prop["id"] == "mappings"
+    )
+    assert recorded == {"node_peers", "rank_peers", "too_few_peers", "no_compute_split"}
+    assert set(mapped) == recorded
+    uncovered = {"too_few_peers", "no_compute_split"}
+    for reason, shown in mapped.items():
+        assert shown["text"].startswith("NOT covered" if reason in uncovered else "covered")

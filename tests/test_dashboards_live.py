@@ -7,20 +7,29 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gpufleet.dashboards.fail_slow import reason_texts
 from gpufleet.dashboards.stack import (
     FAULTY_NODE,
     SLOW_FOR_S,
     SLOW_NODE,
+    STEP_S,
     FedPrometheus,
     fed_prometheus,
     has_data,
 )
+from gpufleet.devstack import PrometheusServer, backfill
+from gpufleet.rules.__main__ import write_all as write_rules
+from gpufleet.rules.config import RulesConfig
+from gpufleet.rules.inline import Inliner
+from gpufleet.simulate.config import load_scenario
+from gpufleet.simulate.history import write_history
 
 pytestmark = pytest.mark.integration
 
@@ -84,3 +93,73 @@ def test_tables_name_the_injected_faults(fed: FedPrometheus) -> None:
     assert float(fed.run(excluded, instant=False)[0]["values"][-1][1]) == 1.0
     lost = panel("node", "GPU answering (gpufleet_gpu_up)")["targets"][0]["expr"]
     assert any(float(v) == 0 for s in fed.run(lost, instant=False) for _, v in s["values"])
+
+
+# A shared cluster whose jobs span the coverage reasons: 4 nodes per stage (node peers),
+# 2 nodes per stage reporting every rank (rank peers), and 1 node per stage reporting only
+# tensor-parallel rank 0 (one rank per stage: too few peers). (The simulator's step-only
+# jobs still send a compute series, the step time, so they never make no_compute_split.)
+COVERAGE_SCENARIO = """
+name: coverage
+rates: {fail_stop_per_1000_node_days: 0, fail_slow_compute_per_node_day: 0,
+        fail_slow_comm_per_node_day: 0}
+confounders: {cluster_slowdowns_per_day: 0, evals: false, checkpoints: false}
+jobs:
+  - {job: wide, nodes: 16, layout: 4x4x8}
+  - {job: pairs, nodes: 8, layout: 2x4x8}
+  - {job: tp0-only, nodes: 4, layout: 1x4x8, report_ranks: tp0}
+"""
+
+
+@pytest.fixture(scope="module")
+def coverage(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FedPrometheus]:
+    workdir = tmp_path_factory.mktemp("coverage")
+    (workdir / "scenario.yaml").write_text(COVERAGE_SCENARIO)
+    end = float(int(time.time() // STEP_S * STEP_S))
+    history = write_history(
+        load_scenario(str(workdir / "scenario.yaml")), 1, 1 / 24, workdir / "history", end=end
+    )
+    backfill(history.files, workdir / "tsdb")
+    rules = write_rules(workdir / "rules", RulesConfig())
+    prometheus = PrometheusServer(
+        workdir / "prometheus",
+        storage_path=workdir / "tsdb",
+        extra_args=["--storage.tsdb.retention.time=30d"],
+    ).start()
+    try:
+        yield FedPrometheus(
+            prometheus, "", history.start, history.end, "", Inliner.from_files(rules),
+            {"cluster": ".*"},
+        )  # fmt: skip
+    finally:
+        prometheus.stop()
+
+
+def test_the_coverage_panels_name_the_uncovered_stages_first(coverage: FedPrometheus) -> None:
+    table = panel("fail-slow", "Straggler detection coverage by job and stage")
+    rows = coverage.run(table["targets"][0]["expr"], instant=True)
+    seen = [
+        (r["metric"]["training_job"], r["metric"]["reason"], float(r["value"][1])) for r in rows
+    ]
+    # sort(): the uncovered stages come first, whatever the table's own sort does.
+    assert seen[:4] == [("tp0-only", "too_few_peers", 0.0)] * 4, seen
+    assert sorted({r["metric"]["pp_stage"] for r in rows[:4]}) == ["0", "1", "2", "3"]
+    assert sorted(seen[4:]) == (
+        [("pairs", "rank_peers", 1.0)] * 4 + [("wide", "node_peers", 1.0)] * 4
+    ), seen
+    # Every reason shown reads in plain words: the table maps it.
+    mapped = next(
+        prop["value"][0]["options"]
+        for override in table["fieldConfig"]["overrides"]
+        if override["matcher"]["options"] == "reason"
+        for prop in override["properties"]
+        if prop["id"] == "mappings"
+    )
+    assert {reason for _, reason, _ in seen} <= set(mapped)
+    assert mapped["too_few_peers"]["text"] == reason_texts(RulesConfig())["too_few_peers"]
+    counts = panel("fail-slow", "Straggler detection coverage (all jobs)")["targets"]
+    latest = {
+        target["legendFormat"]: coverage.run(target["expr"], instant=False)[0]["values"][-1][1]
+        for target in counts
+    }
+    assert latest == {"stages covered": "8", "stages not covered": "4"}

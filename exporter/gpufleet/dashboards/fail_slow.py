@@ -99,6 +99,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
             (f"{r.job_steady_baseline}{{{common.sel(common.JOB)}}}", "baseline"),
         ),
     )
+    coverage_panels(grid, config, r)
     straggler_alerts = (
         db.AnnotationQuery()
         .name("Straggler alerts")
@@ -129,4 +130,122 @@ def build(config: RulesConfig) -> dm.Dashboard:
         ],
         grid,
         annotations=[straggler_alerts],
+    )
+
+
+def reason_texts(config: RulesConfig) -> dict[str, str]:
+    """The coverage series' ``reason`` label in plain words, with what to do about a gap."""
+    return {
+        "node_peers": f"covered: {config.straggler_min_peers}+ nodes in the stage are compared",
+        "rank_peers": (
+            f"covered: fewer than {config.straggler_min_peers} nodes, so "
+            f"{config.straggler_min_rank_peers}+ reporting ranks are compared"
+        ),
+        "too_few_peers": (
+            f"NOT covered, too few peers (under {config.straggler_min_peers} nodes and under "
+            f"{config.straggler_min_rank_peers} reporting ranks): have every local rank report, "
+            "not only tensor-parallel rank 0"
+        ),
+        "no_compute_split": (
+            "NOT covered, step time only (compute cannot be told from waiting): have the job "
+            "report its compute time (reporter.step() phases)"
+        ),
+    }
+
+
+def coverage_panels(grid: common.Grid, config: RulesConfig, r: Recorded) -> None:
+    """Which stages of which jobs no peer comparison covers, and why: fleet-wide, since a
+    job that reports step time only is not in the job picker (it has no compute ratio)."""
+    active = f"{r.detection_active}{{{common.sel()}}}"
+    grid.add(
+        common.stat_panel(
+            "Straggler detection coverage (all jobs)",
+            "Pipeline stages of running jobs (all jobs, not only the one picked) that a peer "
+            "comparison covers, and those it does not: in an uncovered stage a slow node "
+            "pages nothing (GpuFleetStragglerDetectionInactive, info). The table beside it "
+            "names them and says what to do.",
+            "none",
+            common.targets(
+                (f"count({active} == 1) or vector(0)", "stages covered"),
+                (f"count({active} == 0) or vector(0)", "stages not covered"),
+            ),
+            steps=common.thresholds((None, "green")),
+        ).override_by_name(
+            "stages not covered",
+            [
+                dm.DynamicConfigValue(
+                    id_val="thresholds",
+                    value={
+                        "mode": "absolute",
+                        "steps": [
+                            {"color": "green", "value": None},
+                            {"color": "orange", "value": 1},
+                        ],
+                    },
+                )
+            ],
+        ),
+        6,
+        8,
+    )
+    mapping = {
+        reason: {
+            "index": index,
+            "text": text,
+            "color": "green" if text.startswith("covered") else "orange",
+        }
+        for index, (reason, text) in enumerate(reason_texts(config).items())
+    }
+    grid.add(
+        common.table_panel(
+            "Straggler detection coverage by job and stage",
+            "Every pipeline stage of every running job, uncovered first. A stage is covered "
+            f"when {config.straggler_min_peers}+ of its nodes, or else "
+            f"{config.straggler_min_rank_peers}+ of its reporting ranks, report a compute "
+            "time to compare (GpuFleetStragglerNode). An uncovered stage gets no straggler "
+            "page; job slowdown and the node's own baseline still apply, but a node slow from "
+            "the job's start is caught by neither. The last column says why, and what the "
+            "job's owner can change.",
+            "none",
+            [common.target(f"sort({active})", instant=True)],
+            link_node=False,
+            sort_by="covered",
+            descending=False,
+        )
+        .override_by_name(
+            "Value",
+            [
+                dm.DynamicConfigValue(id_val="displayName", value="covered"),
+                dm.DynamicConfigValue(
+                    id_val="mappings",
+                    value=[
+                        {
+                            "type": "value",
+                            "options": {
+                                "0": {"index": 0, "text": "no", "color": "orange"},
+                                "1": {"index": 1, "text": "yes", "color": "green"},
+                            },
+                        }
+                    ],
+                ),
+                dm.DynamicConfigValue(id_val="custom.cellOptions", value={"type": "color-text"}),
+            ],
+        )
+        .override_by_name(
+            "reason",
+            [
+                dm.DynamicConfigValue(
+                    id_val="mappings", value=[{"type": "value", "options": mapping}]
+                ),
+                dm.DynamicConfigValue(id_val="custom.cellOptions", value={"type": "color-text"}),
+                dm.DynamicConfigValue(id_val="displayName", value="why (and what to do)"),
+            ],
+        )
+        .override_by_name(
+            "training_job", [dm.DynamicConfigValue(id_val="displayName", value="job")]
+        )
+        .override_by_name("pp_stage", [dm.DynamicConfigValue(id_val="displayName", value="stage")])
+        .override_by_name("__name__", [dm.DynamicConfigValue(id_val="custom.hidden", value=True)]),
+        18,
+        8,
     )

@@ -20,6 +20,7 @@ class Recorded:
     compute_ratio: str
     compute_zscore: str
     baseline_ratio: str
+    detection_active: str
     job_step: str
     job_steady: str
     job_steady_baseline: str
@@ -53,6 +54,7 @@ class Recorded:
             compute_ratio=training.compute_ratio,
             compute_zscore=training.compute_zscore,
             baseline_ratio=training.baseline_ratio,
+            detection_active=training.detection_active,
             job_step=training.job_step,
             job_steady=training.job_steady,
             job_steady_baseline=training.job_steady_baseline,
