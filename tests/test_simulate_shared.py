@@ -74,6 +74,12 @@ def test_a_step_only_job_shows_its_step_time_as_compute_and_no_split() -> None:
     assert np.allclose(t.compute, t.step_seconds)
     assert (t.data_wait == 0).all() and (t.comm_wait == 0).all()
     assert np.allclose(t.slowest_compute / t.slowest_steps, t.step_seconds / t.steps)
+    # no rank timed a split, while every step of the other jobs has one
+    assert (t.steps > 0).all() and (t.split_steps == 0).all()
+    for other in (jobs["wide"], jobs["tp-rank-0-only"], jobs["overlapped-comm"]):
+        run(other, 600)
+        assert (other.training.steps > 0).any()
+        assert np.array_equal(other.training.split_steps, other.training.steps)
 
 
 def test_overlapped_collectives_expose_only_what_compute_does_not_hide() -> None:
@@ -159,6 +165,14 @@ def test_the_shared_history_writes_physical_nodes_and_rank_series(tmp_path: Path
     assert len(step_only) == 8
     for labels in step_only:
         assert np.allclose(compute[labels], steps[labels])
+    # split steps: none for the step-only job, every step for the others
+    counted = series(text, "gpufleet_training_steps_total")
+    split = series(text, "gpufleet_training_split_steps_total")
+    assert split.keys() == counted.keys()
+    for labels, values in split.items():
+        expected = 0 * np.array(counted[labels]) if labels in step_only else counted[labels]
+        assert np.array_equal(values, expected), labels
+    assert any(max(values) > 0 for values in split.values())
 
 
 def test_rank_series_of_the_default_job_on_request(tmp_path: Path) -> None:
@@ -267,3 +281,7 @@ def test_a_live_node_exposes_only_its_reporting_ranks() -> None:
     assert 'gpufleet_training_ranks{node="node-003",pp_stage="1",training_job="sim-llm"} 2.0' in (
         text
     )
+    stage = '{node="node-003",pp_stage="1",training_job="sim-llm"}'
+    values = dict(line.rsplit(" ", 1) for line in text.splitlines() if stage in line)
+    steps = float(values[f"gpufleet_training_steps_total{stage}"])
+    assert steps > 0 and float(values[f"gpufleet_training_split_steps_total{stage}"]) == steps

@@ -141,6 +141,34 @@ def test_missing_compute_is_what_is_left_of_the_step(node: Node) -> None:
     assert node.value("gpufleet_training_compute_seconds_total", **STAGE0) == pytest.approx(0.7)
 
 
+def test_steps_count_as_split_only_where_the_rank_timed_compute_or_a_collective_wait(
+    node: Node,
+) -> None:
+    # A rank that times neither has the rest of its step as compute: in a lock-step job the
+    # same on every rank, so the rules must know its stage cannot be compared by compute.
+    timed_compute = step(0, 0, comm_wait_s=0.0)
+    timed_comm = step(1, 0)
+    del timed_comm["compute_s"]
+    step_only = step(2, 0, comm_wait_s=0.0)
+    del step_only["compute_s"]
+    data_only = step(3, 0, comm_wait_s=0.0, data_wait_s=0.3)
+    del data_only["compute_s"]
+    evaluation = step(4, 0, phase="eval")
+    events = [timed_compute, timed_comm, step_only, data_only, evaluation]
+    assert node.post_steps(events).status_code == 202
+    assert node.value("gpufleet_training_split_steps_total", **STAGE0) == 2
+    assert node.value("gpufleet_training_steps_total", **STAGE0) == 4
+    # one series per stage, never per rank
+    split = [key for key in node.samples() if key[0] == "gpufleet_training_split_steps_total"]
+    assert split == [("gpufleet_training_split_steps_total", frozenset(STAGE0.items()))]
+
+    only = [step(rank, n, comm_wait_s=0.0) for n in range(1, 4) for rank in range(2)]
+    for event in only:
+        del event["compute_s"]
+    assert node.post_steps(only).status_code == 202
+    assert node.value("gpufleet_training_split_steps_total", **STAGE0) == 2
+
+
 def test_one_slow_gpu_is_visible_in_the_slowest_rank_counter(node: Node) -> None:
     # Rank 5 computes 20% longer; the node mean moves by 2.5%, the slowest-rank figure by 20%.
     events = [

@@ -44,9 +44,9 @@ SERIES_PER_CHECKPOINT_OP = 7  # 3 outcomes, queue wait, service, bytes, in fligh
 
 
 def series_per_stage(step_buckets: Sequence[float] = DEFAULT_STEP_BUCKETS) -> int:
-    """Series one (training_job, pp_stage) adds: 8 counters, the histogram's buckets
+    """Series one (training_job, pp_stage) adds: 9 counters, the histogram's buckets
     (+Inf included), sum and count, 4 gauges, 2 x 3 phase counters."""
-    return 8 + (len(step_buckets) + 1 + 2) + 4 + 6
+    return 9 + (len(step_buckets) + 1 + 2) + 4 + 6
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +111,7 @@ class StageStats:
     tokens: int = 0
     slowest_compute_seconds: float = 0.0
     slowest_steps: int = 0
+    split_steps: int = 0
     last_step_time: float = 0.0
     last_step: int = 0
     finished_time: float = 0.0  # when every rank seen here had finished; 0 while any runs
@@ -158,6 +159,7 @@ _STAGE_SCALARS = (
     "tokens",
     "slowest_compute_seconds",
     "slowest_steps",
+    "split_steps",
     "last_step_time",
     "last_step",
     "finished_time",
@@ -262,6 +264,8 @@ class TrainingAggregator(Collector):
                 stage.data_wait_seconds += event.data_wait_s
                 stage.comm_wait_seconds += event.comm_wait_s
                 stage.tokens += event.tokens
+                if event.timed_split:
+                    stage.split_steps += 1
                 stage.bucket_counts[bisect.bisect_left(bounds, event.duration_s)] += 1
                 stage.phase_steps["train"] += 1
                 stage.phase_seconds["train"] = (
@@ -548,6 +552,7 @@ def training_families(
     tokens = ts.TOKENS.counter()
     slow_s = ts.SLOWEST_RANK_COMPUTE_SECONDS.counter()
     slow_n = ts.SLOWEST_RANK_STEPS.counter()
+    split_n = ts.SPLIT_STEPS.counter()
     histogram = ts.STEP_DURATION.histogram()
     last_ts = ts.LAST_STEP_TIMESTAMP.gauge()
     last_step = ts.STEP_NUMBER.gauge()
@@ -569,6 +574,7 @@ def training_families(
             tokens.add_metric(labels, stage.tokens)
             slow_s.add_metric(labels, stage.slowest_compute_seconds)
             slow_n.add_metric(labels, stage.slowest_steps)
+            split_n.add_metric(labels, stage.split_steps)
             cumulative, running = [], 0
             for bound, count in zip(bounds, stage.bucket_counts, strict=True):
                 running += count
@@ -584,7 +590,8 @@ def training_families(
             for rank_id, rank in sorted(stage.ranks.items()):
                 rank_compute.add_metric([*labels, str(rank_id)], rank.compute_seconds)
                 rank_steps.add_metric([*labels, str(rank_id)], rank.steps)
-    yield from (steps, step_s, compute_s, data_s, comm_s, tokens, slow_s, slow_n, histogram)
+    yield from (steps, step_s, compute_s, data_s, comm_s, tokens, slow_s, slow_n, split_n)
+    yield histogram
     yield from (last_ts, last_step, ranks, finished, phase_n, phase_s, rank_compute, rank_steps)
     yield from _checkpoint_families(node, jobs)
 

@@ -74,6 +74,13 @@ class StepEvent(_Strict):
         return self
 
     @property
+    def timed_split(self) -> bool:
+        """Whether the rank timed its compute or an exposed collective wait. Without either,
+        its compute is what is left of the step: in a lock-step job the same on every rank
+        (it holds the wait for the slowest), so no peer comparison can use it."""
+        return self.compute_s is not None or self.comm_wait_s > 0.0
+
+    @property
     def compute_seconds(self) -> float:
         """Compute time; when the rank did not time it, what is left of the step."""
         if self.compute_s is not None:

@@ -40,6 +40,8 @@ class StageView(Protocol):
     @property
     def slowest_steps(self) -> int: ...
     @property
+    def split_steps(self) -> int: ...  # steps whose rank timed its compute or collective wait
+    @property
     def bucket_counts(self) -> Sequence[int]: ...  # per bucket, not cumulative; +Inf last
     @property
     def last_step_time(self) -> float: ...
@@ -95,6 +97,7 @@ class StageCounts:
     tokens: int
     slowest_compute_seconds: float
     slowest_steps: int
+    split_steps: int
     bucket_counts: tuple[int, ...]
     last_step_time: float
     last_step: int

@@ -52,6 +52,12 @@ SLOWEST_RANK_STEPS = _stage_counter(
     "gpufleet_training_slowest_rank_steps_total",
     f"Steps counted in {SLOWEST_RANK_COMPUTE_SECONDS.name}.",
 )
+SPLIT_STEPS = _stage_counter(
+    "gpufleet_training_split_steps_total",
+    "Training-phase steps whose rank timed its compute or collective wait, one per rank per "
+    "step; peer comparison needs them (without a split, a rank's compute is the rest of its "
+    "step, the same on every rank of a lock-step job).",
+)
 STEP_DURATION = MetricDef(
     "gpufleet_training_step_duration_seconds",
     "histogram",
@@ -129,6 +135,7 @@ TRAINING_FAMILIES = (
     TOKENS,
     SLOWEST_RANK_COMPUTE_SECONDS,
     SLOWEST_RANK_STEPS,
+    SPLIT_STEPS,
     STEP_DURATION,
     LAST_STEP_TIMESTAMP,
     STEP_NUMBER,

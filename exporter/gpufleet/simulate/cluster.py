@@ -59,6 +59,7 @@ class NodeTraining:
     tokens: np.ndarray
     slowest_compute: np.ndarray
     slowest_steps: np.ndarray
+    split_steps: np.ndarray  # steps whose rank timed its compute (none in a step-only job)
     last_step_time: np.ndarray
     ranks: np.ndarray
     eval_steps: np.ndarray
@@ -78,7 +79,7 @@ class NodeTraining:
             return np.zeros(nodes)
 
         return cls(
-            z(), z(), z(), z(), z(), z(), z(), z(), z(), z(), z(), z(),
+            z(), z(), z(), z(), z(), z(), z(), z(), z(), z(), z(), z(), z(),
             np.zeros((nodes, buckets + 1)), np.zeros((nodes, gpus)), np.zeros((nodes, gpus)),
             z(), z(), z(), z(), z(),
         )  # fmt: skip
@@ -508,6 +509,7 @@ class Cluster:
         t.tokens[a] += steps * gpus * self.spec.tokens_per_rank_step
         t.slowest_compute[a] += steps * compute[a].max(axis=1)
         t.slowest_steps[a] += steps
+        t.split_steps[a] += steps * gpus
         t.rank_compute[a] += steps * compute[a]
         t.rank_steps[a] += steps
         t.buckets[a, bisect.bisect_left(self.bucket_bounds, step_time)] += steps * gpus
@@ -556,6 +558,8 @@ class Cluster:
         slowest = np.where(mask[a], seen[a], 0.0).max(axis=1)
         t.slowest_compute[a] += steps * slowest
         t.slowest_steps[a] += steps * reporting
+        if not spec.step_only:
+            t.split_steps[a] += steps * count
         t.rank_compute[a] += steps * seen[a] * mask[a]
         t.rank_steps[a] += steps * mask[a]
         t.buckets[a, bisect.bisect_left(self.bucket_bounds, step_time)] += steps * count

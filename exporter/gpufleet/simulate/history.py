@@ -63,6 +63,7 @@ _NODE_TRAINING: tuple[tuple[MetricDef, str], ...] = (
     (ts.TOKENS, "tokens"),
     (ts.SLOWEST_RANK_COMPUTE_SECONDS, "slowest_compute"),
     (ts.SLOWEST_RANK_STEPS, "slowest_steps"),
+    (ts.SPLIT_STEPS, "split_steps"),
     (ts.LAST_STEP_TIMESTAMP, "last_step_time"),
     (ts.RANKS, "ranks"),
 )

@@ -107,6 +107,7 @@ def job_state(cluster: Cluster, node: int) -> dict[str, JobCounts]:
         tokens=int(t.tokens[node]),
         slowest_compute_seconds=float(t.slowest_compute[node]),
         slowest_steps=int(t.slowest_steps[node]),
+        split_steps=int(t.split_steps[node]),
         bucket_counts=tuple(int(count) for count in t.buckets[node]),
         last_step_time=last_step_time,
         last_step=cluster.step_number,
