@@ -17,6 +17,7 @@ from gpufleet.rules.common import (
 )
 from gpufleet.rules.config import RulesConfig
 from gpufleet.rules.gpu import XID_INFO, GpuSeries
+from gpufleet.schema import training as ts
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,8 +233,15 @@ def training_recording(config: RulesConfig) -> list[Group]:
         # imbalance is silent for a stage that holds one.
         Record(series.straggler, straggler_expr(config, series)),
         # Which stages have a peer comparison, and why not where none: 1 covered, 0 not.
+        # A stepping stage none of whose ranks timed a split (compute or collective wait)
+        # is blind first of all: its compute is the rest of each step, the same on every
+        # rank of a lock-step job, however many peers it has. (An agent too old to count
+        # split steps leaves the stage to the peer count, as before.)
         Record(
             series.detection_active,
+            f"label_replace(\n  {rate_sum(ts.SPLIT_STEPS.name, STAGE)} == 0\n"
+            f'  and on ({STAGE}) {series.node_step},\n  "reason", "no_compute_split", "", ""\n)\n'
+            f"or on ({STAGE})\n"
             f'label_replace(({nodes} >= {config.straggler_min_peers}) * 0 + 1, "reason", "node_peers", "", "")\n'
             f"or on ({STAGE})\n"
             f'label_replace(({ranks} >= {config.straggler_min_rank_peers}) * 0 + 1, "reason", "rank_peers", "", "")\n'
@@ -432,7 +440,8 @@ def training_alerts(config: RulesConfig) -> Group:
             f"{series.detection_active} == 0\n"
             f"and on ({STAGE}) count by ({STAGE}) ({series.node_step})",
             "info",
-            "A pipeline stage of a running job has no straggler detection: too few peers.",
+            "A pipeline stage of a running job has no straggler detection: too few peers, or no "
+            "compute split.",
             "Stage {{ $labels.pp_stage }} of job {{ $labels.training_job }} cannot be compared "
             "with peers ({{ $labels.reason }}): "
             f"a slow node there pages nothing. Peer comparison needs {config.straggler_min_peers} "
