@@ -96,9 +96,9 @@ def test_tables_name_the_injected_faults(fed: FedPrometheus) -> None:
 
 
 # A shared cluster whose jobs span the coverage reasons: 4 nodes per stage (node peers),
-# 2 nodes per stage reporting every rank (rank peers), and 1 node per stage reporting only
-# tensor-parallel rank 0 (one rank per stage: too few peers). (The simulator's step-only
-# jobs still send a compute series, the step time, so they never make no_compute_split.)
+# 2 nodes per stage reporting every rank (rank peers), 1 node per stage reporting only
+# tensor-parallel rank 0 (one rank per stage: too few peers), and 2 nodes per stage
+# reporting every rank but step time only (no split: its compute is its step time).
 COVERAGE_SCENARIO = """
 name: coverage
 rates: {fail_stop_per_1000_node_days: 0, fail_slow_compute_per_node_day: 0,
@@ -108,6 +108,7 @@ jobs:
   - {job: wide, nodes: 16, layout: 4x4x8}
   - {job: pairs, nodes: 8, layout: 2x4x8}
   - {job: tp0-only, nodes: 4, layout: 1x4x8, report_ranks: tp0}
+  - {job: step-only, nodes: 4, layout: 2x2x8, step_only: true}
 """
 
 
@@ -142,9 +143,14 @@ def test_the_coverage_panels_name_the_uncovered_stages_first(coverage: FedPromet
         (r["metric"]["training_job"], r["metric"]["reason"], float(r["value"][1])) for r in rows
     ]
     # sort(): the uncovered stages come first, whatever the table's own sort does.
-    assert seen[:4] == [("tp0-only", "too_few_peers", 0.0)] * 4, seen
-    assert sorted({r["metric"]["pp_stage"] for r in rows[:4]}) == ["0", "1", "2", "3"]
-    assert sorted(seen[4:]) == (
+    assert sorted(seen[:6]) == (
+        [("step-only", "no_compute_split", 0.0)] * 2 + [("tp0-only", "too_few_peers", 0.0)] * 4
+    ), seen
+    stages = sorted((r["metric"]["training_job"], r["metric"]["pp_stage"]) for r in rows[:6])
+    assert stages == [("step-only", "0"), ("step-only", "1")] + [
+        ("tp0-only", stage) for stage in "0123"
+    ]
+    assert sorted(seen[6:]) == (
         [("pairs", "rank_peers", 1.0)] * 4 + [("wide", "node_peers", 1.0)] * 4
     ), seen
     # Every reason shown reads in plain words: the table maps it.
@@ -156,10 +162,11 @@ def test_the_coverage_panels_name_the_uncovered_stages_first(coverage: FedPromet
         if prop["id"] == "mappings"
     )
     assert {reason for _, reason, _ in seen} <= set(mapped)
-    assert mapped["too_few_peers"]["text"] == reason_texts(RulesConfig())["too_few_peers"]
+    for reason in ("too_few_peers", "no_compute_split"):
+        assert mapped[reason]["text"] == reason_texts(RulesConfig())[reason]
     counts = panel("fail-slow", "Straggler detection coverage (all jobs)")["targets"]
     latest = {
         target["legendFormat"]: coverage.run(target["expr"], instant=False)[0]["values"][-1][1]
         for target in counts
     }
-    assert latest == {"stages covered": "8", "stages not covered": "4"}
+    assert latest == {"stages covered": "8", "stages not covered": "6"}
