@@ -155,7 +155,8 @@ def reason_texts(config: RulesConfig) -> dict[str, str]:
 
 def coverage_panels(grid: common.Grid, config: RulesConfig, r: Recorded) -> None:
     """Which stages of which jobs no peer comparison covers, and why: fleet-wide, since a
-    job that reports step time only is not in the job picker (it has no compute ratio)."""
+    job whose agents export no compute series is not in the job picker (it has no compute
+    ratio); one that reports step time only is there, its compute being its step time."""
     active = f"{r.detection_active}{{{common.sel()}}}"
     grid.add(
         common.stat_panel(
