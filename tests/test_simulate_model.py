@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from gpufleet.rules.config import RulesConfig
-from gpufleet.simulate.cluster import Cluster
+from gpufleet.simulate.cluster import HW_POWER_BRAKE, HW_SLOWDOWN, HW_THERMAL, Cluster
 from gpufleet.simulate.config import (
     ClusterSpec,
     Confounders,
@@ -266,6 +266,31 @@ def test_a_slow_gpu_shows_as_compute_on_its_node_and_as_waiting_on_its_peers() -
     assert comm[5] < np.median(comm[stage0])  # everyone else waits for node-005
     step_seconds = (t.step_seconds - 0) / t.steps
     assert np.ptp(step_seconds[t.steps > 0]) < 1e-9  # lock-step: the same step time everywhere
+
+
+@pytest.mark.parametrize(
+    ("cause", "bits", "gpus_slowed"),
+    [("thermal", HW_THERMAL | HW_SLOWDOWN, 1), ("psu", HW_POWER_BRAKE | HW_SLOWDOWN, 8)],
+)
+def test_a_fail_stop_with_a_lead_throttles_before_it_fails(
+    cause: str, bits: int, gpus_slowed: int
+) -> None:
+    scenario = replace(
+        quiet(nodes=16),
+        episodes=[{"kind": "fail_stop", "cause": cause, "node": 3, "gpu": 2, "start": 3600.0}],
+    )
+    cluster = Cluster(scenario, 0, START, DAY)
+    episode = next(e for e in cluster.timeline.episodes if e.kind == Kind.FAIL_STOP)
+    lead = float(episode.details["slowdown_from"])  # type: ignore[arg-type]
+    assert 600 <= episode.start - lead <= 1800 and episode.shows_from == lead
+    run(cluster, lead - START - 10)
+    assert not cluster.throttle.any() and cluster.gpu_values(3, 2)["DCGM_FI_DEV_SM_CLOCK"] == 1980
+    run(cluster, 60)  # inside the lead, before the failure
+    assert cluster.now < episode.start
+    assert int(cluster.throttle[3, 2]) & bits == bits
+    assert int((cluster.slowdown[3] > 1.0).sum()) == gpus_slowed
+    assert cluster.gpu_values(3, 2)["DCGM_FI_DEV_SM_CLOCK"] < 1600
+    assert not cluster.throttle[np.arange(16) != 3].any()  # only that node
 
 
 def test_stage_skew_is_visible_per_stage_not_per_node() -> None:

@@ -162,7 +162,8 @@ class Cluster:
         self._eval_carry = 0.0
         self.tick = 0
 
-        self._episodes = sorted(self.timeline.episodes, key=lambda e: e.start)
+        # Admitted when they first show: a thermal fail-stop throttles its GPU before it fails.
+        self._episodes = sorted(self.timeline.episodes, key=lambda e: e.shows_from)
         self._next_episode = 0
         self._active: list[Episode] = []
         self._storms: dict[int, float] = {}
@@ -201,7 +202,7 @@ class Cluster:
 
     def _admit_episodes(self, end: float) -> None:
         episodes = self._episodes
-        while self._next_episode < len(episodes) and episodes[self._next_episode].start < end:
+        while self._next_episode < len(episodes) and episodes[self._next_episode].shows_from < end:
             self._active.append(episodes[self._next_episode])
             self._next_episode += 1
 

@@ -177,6 +177,13 @@ class Episode:
     def is_fault(self) -> bool:
         return self.kind not in CONFOUNDERS
 
+    @property
+    def shows_from(self) -> float:
+        """When the episode first shows on the metrics: its start, or earlier for a
+        fail-stop with a lead (the thermal or power-brake slowdown before the failure)."""
+        lead = self.details.get("slowdown_from")
+        return min(self.start, float(lead)) if isinstance(lead, float | int) else self.start
+
     def record(self, node_names: list[str]) -> dict[str, Any]:
         data = asdict(self)
         data["kind"] = str(self.kind)
