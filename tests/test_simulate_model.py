@@ -40,7 +40,7 @@ def quiet(**cluster: object) -> Scenario:
             fail_slow_compute_per_node_day=0,
             fail_slow_comm_per_node_day=0,
         ),
-        confounders=Confounders(cluster_slowdowns_per_day=0),
+        confounders=Confounders(cluster_slowdowns_per_day=0, workload_imbalances_per_day=0),
     )
 
 
@@ -291,6 +291,49 @@ def test_a_fail_stop_with_a_lead_throttles_before_it_fails(
     assert int((cluster.slowdown[3] > 1.0).sum()) == gpus_slowed
     assert cluster.gpu_values(3, 2)["DCGM_FI_DEV_SM_CLOCK"] < 1600
     assert not cluster.throttle[np.arange(16) != 3].any()  # only that node
+
+
+def test_uneven_work_slows_one_replica_in_every_stage_on_healthy_gpus() -> None:
+    scenario = replace(
+        quiet(nodes=32, layout="8x4x8", last_stage_skew=0.0),
+        episodes=[
+            {"kind": "workload_imbalance", "dp_rank": 3, "start": 60.0, "duration": 3600.0,
+             "magnitude": 1.06}
+        ],
+    )  # fmt: skip
+    cluster = Cluster(scenario, 0, START, DAY)
+    run(cluster, 120)
+    t = cluster.training
+    before = (t.slowest_compute.copy(), t.slowest_steps.copy())
+    watts = cluster._power_watts().copy()
+    run(cluster, 600)
+    per_step = (t.slowest_compute - before[0]) / (t.slowest_steps - before[1])
+    replica = cluster.dp_rank[:, 0] == 3  # TP 8: a node is one rank of one replica per stage
+    assert replica.sum() == 4 and sorted(cluster.stage[replica].tolist()) == [0, 1, 2, 3]
+    for stage in range(4):
+        members = cluster.stage == stage
+        ratio = per_step[members & replica] / np.median(per_step[members & ~replica])
+        assert ratio == pytest.approx(1.06, abs=0.01)
+    # the GPUs are not slower: clocks, throttling and power are what they were
+    assert {cluster.gpu_values(n, 0)["DCGM_FI_DEV_SM_CLOCK"] for n in range(32)} == {1980}
+    assert not cluster.throttle.any() and np.allclose(cluster._power_watts(), watts)
+    (episode,) = [e for e in cluster.timeline.episodes if e.kind == Kind.WORKLOAD_IMBALANCE]
+    assert not episode.is_fault and episode.details == {"dp_rank": 3}
+
+
+def test_uneven_work_is_drawn_apart_from_every_other_episode() -> None:
+    def episodes(per_day: float) -> list[tuple[str, float]]:
+        scenario = replace(
+            load_scenario("realistic-week").with_cluster(nodes=32),
+            confounders=Confounders(workload_imbalances_per_day=per_day),
+        )
+        timeline = build_timeline(scenario, 7, START, START + 3 * DAY)
+        return [(str(e.kind), e.start) for e in timeline.episodes]
+
+    with_it, without = episodes(3.0), episodes(0.0)
+    uneven = [e for e in with_it if e[0] == Kind.WORKLOAD_IMBALANCE]
+    assert 3 <= len(uneven) <= 20
+    assert [e for e in with_it if e[0] != Kind.WORKLOAD_IMBALANCE] == without
 
 
 def test_stage_skew_is_visible_per_stage_not_per_node() -> None:

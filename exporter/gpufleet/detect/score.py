@@ -47,7 +47,9 @@ LEDGER_ALERTS = frozenset(
     }
 )
 # Ground-truth episodes that carry no fault: they are context for pages, not scored.
-CONFOUNDER_KINDS = frozenset({"data_loader_stall", "cluster_slowdown", "checkpoint", "eval"})
+CONFOUNDER_KINDS = frozenset(
+    {"data_loader_stall", "cluster_slowdown", "checkpoint", "eval", "workload_imbalance"}
+)
 NODE_FAULT_KINDS = frozenset(
     {
         "fail_stop",

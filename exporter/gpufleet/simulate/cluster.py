@@ -118,6 +118,9 @@ class Cluster:
         self.node_names = [f"node-{index:0{width}d}" for index in range(self.nodes)]
         ranks_per_stage = self.layout.dp * self.layout.tp
         self.stage = np.array([(n * self.gpus) // ranks_per_stage for n in range(self.nodes)])
+        # each rank's data-parallel replica (nodes x GPUs)
+        ranks = np.arange(self.nodes * self.gpus).reshape(self.nodes, self.gpus)
+        self.dp_rank = (ranks % ranks_per_stage) // self.layout.tp
         # which ranks send steps (nodes x GPUs), and how many per node
         self.report_mask, self.reporters = self._reporting_ranks()
         self.plain = spec.plain_reporting
@@ -386,6 +389,16 @@ class Cluster:
                 factor *= 1.0 + (episode.magnitude - 1.0) * share
         return factor
 
+    def _work_factor(self, start: float, end: float, dt: float) -> np.ndarray | float:
+        """How much more work each rank has than usual (uneven work across replicas)."""
+        factor: np.ndarray | float = 1.0
+        for episode in self._active:
+            if episode.kind == Kind.WORKLOAD_IMBALANCE:
+                share = max(0.0, min(episode.end, end) - max(episode.start, start)) / dt
+                more = 1.0 + (episode.magnitude - 1.0) * share
+                factor = factor * np.where(self.dp_rank == episode.details["dp_rank"], more, 1.0)
+        return factor
+
     def _comm_factor(self, start: float, end: float, dt: float) -> float:
         factor = 1.0
         for episode in self._active:
@@ -441,6 +454,7 @@ class Cluster:
             * self.gpu_speed
             * self.slowdown
             * self._global_factor(start, end, dt)
+            * self._work_factor(start, end, dt)
         )
         compute[gc, gc_gpu[gc]] *= 1.0 + self.rng.uniform(0.02, 0.08, int(gc.sum()))
         compute *= 1.0 + self.rng.normal(0.0, 0.003, compute.shape)

@@ -170,6 +170,13 @@ class Confounders:
     diurnal_amplitude: float = 0.015
     cluster_slowdowns_per_day: float = 0.5
     cluster_slowdown: float = 1.15
+    # Uneven work across data-parallel replicas (a data shard of longer sequences): every
+    # rank of one replica computes 2-8% longer for 20-120 minutes, on healthy GPUs. Per job.
+    workload_imbalances_per_day: float = 3.0
+    workload_imbalance_min: float = 1.02
+    workload_imbalance_max: float = 1.08
+    workload_imbalance_minutes_min: float = 20.0
+    workload_imbalance_minutes_max: float = 120.0
     checkpoints: bool = True
     evals: bool = True
     stage_skew: bool = True
@@ -228,9 +235,11 @@ class Scenario:
         )  # fmt: skip
         confounders = shorter(
             self.confounders,
-            ("data_loader_stall_seconds_min", "data_loader_stall_seconds_max"),
-            ("data_loader_stalls_per_hour", "gc_pauses_per_node_hour", "cluster_slowdowns_per_day"),
-        )
+            ("data_loader_stall_seconds_min", "data_loader_stall_seconds_max",
+             "workload_imbalance_minutes_min", "workload_imbalance_minutes_max"),
+            ("data_loader_stalls_per_hour", "gc_pauses_per_node_hour", "cluster_slowdowns_per_day",
+             "workload_imbalances_per_day"),
+        )  # fmt: skip
         episodes = [
             {key: value / factor if key in ("start", "duration", "period") else value
              for key, value in episode.items()}

@@ -149,10 +149,20 @@ class Kind(StrEnum):
     CLUSTER_SLOWDOWN = "cluster_slowdown"
     CHECKPOINT = "checkpoint"
     EVAL = "eval"
+    # one data-parallel replica given more work for a while (longer sequences): its
+    # ranks compute longer on GPUs that are not slower
+    WORKLOAD_IMBALANCE = "workload_imbalance"
 
 
 CONFOUNDERS = frozenset(
-    {Kind.DATA_LOADER_STALL, Kind.GC_PAUSE, Kind.CLUSTER_SLOWDOWN, Kind.CHECKPOINT, Kind.EVAL}
+    {
+        Kind.DATA_LOADER_STALL,
+        Kind.GC_PAUSE,
+        Kind.CLUSTER_SLOWDOWN,
+        Kind.CHECKPOINT,
+        Kind.EVAL,
+        Kind.WORKLOAD_IMBALANCE,
+    }
 )
 
 

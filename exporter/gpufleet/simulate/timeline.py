@@ -100,6 +100,7 @@ class TimelineBuilder:
         self.spec = scenario.cluster
         self.rates = scenario.rates
         self.confounders = scenario.confounders
+        self.seed = seed
         self.rng = np.random.default_rng(np.random.SeedSequence([seed, 1]))
         self.timeline = Timeline(start=start, end=end)
         self.nodes = self.spec.nodes
@@ -189,6 +190,15 @@ class TimelineBuilder:
             expected, scope = slow_episode_expectations(kind)
             magnitude = float(raw.get("magnitude", self._default_magnitude(kind)))
             details: dict[str, Any] = {k: raw[k] for k in ("count", "period") if k in raw}
+            if kind == Kind.WORKLOAD_IMBALANCE:
+                replicas = self.spec.resolved_layout().dp
+                replica = raw.get("dp_rank", 0)
+                if not isinstance(replica, int) or not 0 <= replica < replicas:
+                    raise ScenarioError(
+                        f"{where}.dp_rank: {replica!r} is not a data-parallel rank of "
+                        f"this job (0..{replicas - 1})"
+                    )
+                details["dp_rank"] = replica
             if kind in (Kind.FAIL_SLOW_COMPUTE, Kind.FAIL_SLOW_COMM):
                 details["slowdown"] = self.slowdown_of(kind, magnitude)
             if kind == Kind.XID_STORM:
@@ -218,6 +228,7 @@ class TimelineBuilder:
             Kind.CLUSTER_SLOWDOWN: self.confounders.cluster_slowdown,
             Kind.DATA_LOADER_STALL: 1.0,
             Kind.XID_STORM: 1.0,
+            Kind.WORKLOAD_IMBALANCE: 1.05,
         }.get(kind, 1.0)
 
     def _fail_stop(
@@ -389,6 +400,24 @@ class TimelineBuilder:
             self._add(
                 Episode(Kind.CLUSTER_SLOWDOWN, when, when + duration,
                         magnitude=conf.cluster_slowdown, expected_alerts=(), scope=Scope.JOB)
+            )  # fmt: skip
+        self._workload_imbalances()
+
+    def _workload_imbalances(self) -> None:
+        """One data-parallel replica at a time given more work: drawn from a stream of its
+        own, so that every other episode of a seed is what it was before it existed."""
+        conf = self.confounders
+        rng = np.random.default_rng(np.random.SeedSequence([self.seed, 4]))
+        replicas = self.spec.resolved_layout().dp
+        for when in _poisson_times(
+            rng, conf.workload_imbalances_per_day / DAY, self.timeline.start, self.timeline.end
+        ):
+            minutes = rng.uniform(conf.workload_imbalance_minutes_min, conf.workload_imbalance_minutes_max)
+            magnitude = float(rng.uniform(conf.workload_imbalance_min, conf.workload_imbalance_max))
+            replica = int(rng.integers(replicas))
+            self._add(
+                Episode(Kind.WORKLOAD_IMBALANCE, when, when + float(minutes) * 60,
+                        magnitude=magnitude, details={"dp_rank": replica})
             )  # fmt: skip
 
     def _schedule_checkpoints_and_evals(self) -> None:
