@@ -157,6 +157,10 @@ class RulesConfig:
     straggler_subtle_window: str = "15m"
     straggler_subtle_ratio: float = 1.04
     straggler_subtle_baseline_ratio: float = 1.03
+    # ... and the node's least-clocked GPU at most this share of the job's median node's
+    # SM clock over that window: a slower GPU, not a replica given more work (longer
+    # sequences), which computes longer at the same clock.
+    straggler_subtle_clock_ratio: float = 0.97
     # peers that agree closely must not make a tiny difference look huge: MAD floor
     mad_floor: float = 0.005
     baseline_window: str = "2h"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpufleet.gpu import catalogue as cat
 from gpufleet.rules.common import (
     JOB_NODE,
     NODE_STAGE,
@@ -14,6 +15,7 @@ from gpufleet.rules.common import (
     Record,
     SeriesNames,
     metric,
+    with_node,
 )
 from gpufleet.rules.config import RulesConfig
 from gpufleet.rules.gpu import XID_INFO, GpuSeries
@@ -62,6 +64,10 @@ class TrainingSeries(SeriesNames):
     )
     compute_ratio_long: str = "node:gpufleet_training_compute_ratio:rate{straggler_subtle_window}"
     compute_zscore_long: str = "node:gpufleet_training_compute_zscore:rate{straggler_subtle_window}"
+    # ... whose GPU must run slower too: the node's least-clocked GPU over that window, and
+    # it against the job's median node
+    gpu_clock: str = "node:DCGM_FI_DEV_SM_CLOCK:min_avg{straggler_subtle_window}"
+    clock_ratio: str = "node:gpufleet_training_sm_clock_ratio:min{straggler_subtle_window}"
     # the straggler condition without its `for`, valued by how much slower
     straggler: str = "node:gpufleet_training_straggler:ratio{rate_window}"
     # per stage: 1 if a peer comparison covers it, 0 if not (label reason says why)
@@ -103,7 +109,8 @@ def straggler_expr(config: RulesConfig, series: TrainingSeries) -> str:
     """A node slower than its stage peers, valued by how much: node level where the stage
     has straggler_min_peers nodes, else rank level (its slowest rank against the fastest
     node's median rank) where it has straggler_min_rank_peers ranks; or subtly slower
-    over straggler_subtle_window and slower than the node itself was."""
+    over straggler_subtle_window, slower than the node itself was, on a GPU that clocks
+    lower than the job's."""
     nodes, ranks = series.stage_nodes, series.stage_ranks
     return (
         f"(\n  (\n  {series.compute_ratio} > {config.straggler_ratio}\n"
@@ -118,6 +125,9 @@ def straggler_expr(config: RulesConfig, series: TrainingSeries) -> str:
         f"  {series.compute_ratio_long} > {config.straggler_subtle_ratio}\n"
         f"  and {series.compute_zscore_long} > {config.straggler_zscore}\n"
         f"  and on ({NODE_STAGE}) {series.baseline_ratio} > {config.straggler_subtle_baseline_ratio}\n"
+        # and a GPU that runs slower: a replica given more work (longer sequences) computes
+        # longer on GPUs clocked like everyone else's
+        f"  and on ({NODE_STAGE}) {series.clock_ratio} < {config.straggler_subtle_clock_ratio}\n"
         f"  and on ({STAGE}) ({nodes} >= {config.straggler_min_peers})\n  )\n)\n"
         f"and on ({NODE_STAGE}) {series.stepping}"
     )
@@ -228,6 +238,24 @@ def training_recording(config: RulesConfig) -> list[Group]:
             series.compute_zscore_long,
             f"({slow_long} - on ({STAGE}) group_left {median_long})\n"
             f"/ on ({STAGE}) group_left () {scale(mad_long, median_long)}",
+        ),
+        # A subtle straggler's GPU clocks lower than the job's median node (clock-locked,
+        # thermally or power limited); uneven work does not lower a clock. Nodes whose
+        # GPUs are not scraped get no ratio: the subtle path stays silent for them.
+        Record(
+            series.gpu_clock,
+            "min by (node) (\n  "
+            + with_node(
+                f"avg_over_time({metric(cat.SM_CLOCK.name, config.gpu_selector)}[{long_w}])",
+                config.node_labels,
+            )
+            + "\n)",
+        ),
+        Record(
+            series.clock_ratio,
+            f"({slow_long} * 0 + on (node) group_left () {series.gpu_clock})\n"
+            f"/ on (training_job) group_left ()\n"
+            f"quantile by (training_job) (0.5, {slow_long} * 0 + on (node) group_left () {series.gpu_clock})",
         ),
         # The straggler condition without its `for`: the alert reads it, and stage
         # imbalance is silent for a stage that holds one.
