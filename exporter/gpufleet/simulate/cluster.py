@@ -116,11 +116,7 @@ class Cluster:
         self.layout = spec.resolved_layout()
         width = max(3, len(str(self.nodes - 1)))
         self.node_names = [f"node-{index:0{width}d}" for index in range(self.nodes)]
-        ranks_per_stage = self.layout.dp * self.layout.tp
-        self.stage = np.array([(n * self.gpus) // ranks_per_stage for n in range(self.nodes)])
-        # each rank's data-parallel replica (nodes x GPUs)
-        ranks = np.arange(self.nodes * self.gpus).reshape(self.nodes, self.gpus)
-        self.dp_rank = (ranks % ranks_per_stage) // self.layout.tp
+        self.stage, self.dp_rank = self._placement()
         # which ranks send steps (nodes x GPUs), and how many per node
         self.report_mask, self.reporters = self._reporting_ranks()
         self.plain = spec.plain_reporting
@@ -170,6 +166,12 @@ class Cluster:
         self._next_episode = 0
         self._active: list[Episode] = []
         self._storms: dict[int, float] = {}
+
+    def _placement(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each node's pipeline stage, and each rank's data-parallel replica (nodes x GPUs)."""
+        ranks_per_stage = self.layout.dp * self.layout.tp
+        ranks = np.arange(self.nodes * self.gpus).reshape(self.nodes, self.gpus)
+        return ranks[:, 0] // ranks_per_stage, (ranks % ranks_per_stage) // self.layout.tp
 
     def _reporting_ranks(self) -> tuple[np.ndarray, np.ndarray]:
         """Which ranks send steps: all, or rank 0 of each TP group; and how many per node."""

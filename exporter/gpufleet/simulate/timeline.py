@@ -412,11 +412,12 @@ class TimelineBuilder:
         for when in _poisson_times(
             rng, conf.workload_imbalances_per_day / DAY, self.timeline.start, self.timeline.end
         ):
-            minutes = rng.uniform(conf.workload_imbalance_minutes_min, conf.workload_imbalance_minutes_max)
+            low, high = conf.workload_imbalance_minutes_min, conf.workload_imbalance_minutes_max
+            minutes = float(rng.uniform(low, high))
             magnitude = float(rng.uniform(conf.workload_imbalance_min, conf.workload_imbalance_max))
             replica = int(rng.integers(replicas))
             self._add(
-                Episode(Kind.WORKLOAD_IMBALANCE, when, when + float(minutes) * 60,
+                Episode(Kind.WORKLOAD_IMBALANCE, when, when + minutes * 60,
                         magnitude=magnitude, details={"dp_rank": replica})
             )  # fmt: skip
 
