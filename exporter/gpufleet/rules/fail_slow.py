@@ -64,6 +64,10 @@ class TrainingSeries(SeriesNames):
     )
     compute_ratio_long: str = "node:gpufleet_training_compute_ratio:rate{straggler_subtle_window}"
     compute_zscore_long: str = "node:gpufleet_training_compute_zscore:rate{straggler_subtle_window}"
+    # in a stage of fewer than straggler_min_peers nodes: against the stage's fastest node
+    fastest_ratio_long: str = (
+        "node:gpufleet_training_compute_ratio_to_fastest:rate{straggler_subtle_window}"
+    )
     # ... whose GPU must run slower too: the node's least-clocked GPU over that window, and
     # it against the job's median node
     gpu_clock: str = "node:DCGM_FI_DEV_SM_CLOCK:min_avg{straggler_subtle_window}"
@@ -87,12 +91,13 @@ class TrainingSeries(SeriesNames):
         "job:gpufleet_training_step_seconds:p{slowdown_percent}_baseline{baseline_window}"
     )
     job_step_avg: str = "job:gpufleet_training_step_seconds:avg{hang_step_window}"
-    # each node's collective wait per step, its baseline, and the job's least rise over it
-    node_comm: str = "node:gpufleet_training_collective_wait_per_step:rate{step_window}"
+    # each node's slowest rank's wait per step (collectives, pipeline bubbles), its
+    # baseline, and the job's least rise over it
+    node_comm: str = "node:gpufleet_training_slowest_rank_wait_per_step:rate{step_window}"
     node_comm_baseline: str = (
-        "node:gpufleet_training_collective_wait_per_step:baseline{baseline_window}"
+        "node:gpufleet_training_slowest_rank_wait_per_step:baseline{baseline_window}"
     )
-    job_comm_rise: str = "job:gpufleet_training_collective_wait_per_step:min_rise{step_window}"
+    job_comm_rise: str = "job:gpufleet_training_slowest_rank_wait_per_step:min_rise{step_window}"
     data_wait_share: str = "node:gpufleet_training_data_wait_share:rate{data_wait_window}"
     data_wait_median: str = "stage:gpufleet_training_data_wait_share:median{data_wait_window}"
     # the hang detector's memory of each node-stage's last step and finish
@@ -109,8 +114,8 @@ def straggler_expr(config: RulesConfig, series: TrainingSeries) -> str:
     """A node slower than its stage peers, valued by how much: node level where the stage
     has straggler_min_peers nodes, else rank level (its slowest rank against the fastest
     node's median rank) where it has straggler_min_rank_peers ranks; or subtly slower
-    over straggler_subtle_window, slower than the node itself was, on a GPU that clocks
-    lower than the job's."""
+    over straggler_subtle_window (than the stage's median node, in a small stage than its
+    fastest), slower than the node itself was, on a GPU that clocks lower than the job's."""
     nodes, ranks = series.stage_nodes, series.stage_ranks
     return (
         f"(\n  (\n  {series.compute_ratio} > {config.straggler_ratio}\n"
@@ -120,15 +125,18 @@ def straggler_expr(config: RulesConfig, series: TrainingSeries) -> str:
         f"  and {series.rank_zscore} > {config.straggler_zscore}\n"
         f"  and {series.rank_excess} > {config.straggler_min_excess_seconds}\n"
         f"  and on ({STAGE}) ({ranks} >= {config.straggler_min_rank_peers})\n  )\n  or (\n"
-        # a subtle slowdown: over a longer window, and slower than the node was itself
-        # (a node always a little slower, or a stage of uneven work, never pages)
-        f"  {series.compute_ratio_long} > {config.straggler_subtle_ratio}\n"
+        # a subtle slowdown, over a longer window: against the stage's median node, or in a
+        # stage of few nodes against its fastest node (no spread to measure a z-score by) ...
+        f"  (\n  {series.compute_ratio_long} > {config.straggler_subtle_ratio}\n"
         f"  and {series.compute_zscore_long} > {config.straggler_zscore}\n"
+        f"  and on ({STAGE}) ({nodes} >= {config.straggler_min_peers})\n"
+        f"  or {series.fastest_ratio_long} > {config.straggler_subtle_ratio}\n"
+        f"  and on ({STAGE}) ({ranks} >= {config.straggler_min_rank_peers})\n  )\n"
+        # ... and slower than the node was itself (a node always a little slower, or a stage
+        # of uneven work, never pages), on a GPU that runs slower: a replica given more work
+        # (longer sequences) computes longer on GPUs clocked like everyone else's
         f"  and on ({NODE_STAGE}) {series.baseline_ratio} > {config.straggler_subtle_baseline_ratio}\n"
-        # and a GPU that runs slower: a replica given more work (longer sequences) computes
-        # longer on GPUs clocked like everyone else's
-        f"  and on ({NODE_STAGE}) {series.clock_ratio} < {config.straggler_subtle_clock_ratio}\n"
-        f"  and on ({STAGE}) ({nodes} >= {config.straggler_min_peers})\n  )\n)\n"
+        f"  and on ({NODE_STAGE}) {series.clock_ratio} < {config.straggler_subtle_clock_ratio}\n  )\n)\n"
         f"and on ({NODE_STAGE}) {series.stepping}"
     )
 
@@ -239,6 +247,11 @@ def training_recording(config: RulesConfig) -> list[Group]:
             f"({slow_long} - on ({STAGE}) group_left {median_long})\n"
             f"/ on ({STAGE}) group_left () {scale(mad_long, median_long)}",
         ),
+        Record(
+            series.fastest_ratio_long,
+            f"(\n  {slow_long}\n  and on ({STAGE}) ({nodes} < {config.straggler_min_peers})\n)\n"
+            f"/ on ({STAGE}) group_left () min by ({STAGE}) ({slow_long})",
+        ),
         # A subtle straggler's GPU clocks lower than the job's median node (clock-locked,
         # thermally or power limited); uneven work does not lower a clock. Nodes whose
         # GPUs are not scraped get no ratio: the subtle path stays silent for them.
@@ -280,6 +293,7 @@ def training_recording(config: RulesConfig) -> list[Group]:
         ),
     ]
     node_baseline = series.node_baseline
+    step_seconds = rate_sum("gpufleet_training_step_seconds_total", NODE_STAGE, step_w)
     trends = [
         # Rates over windows keep a stopped job's last minutes "frozen": the alerts below
         # only judge a node that is still stepping.
@@ -322,17 +336,23 @@ def training_recording(config: RulesConfig) -> list[Group]:
             steady_baseline,
             f"quantile_over_time({q}, {series.job_step}[{base_w}:1m] offset {base_o})",
         ),
-        # How much the job's collectives slowed: each node's collective wait per step
-        # against its own baseline, the least rise of any node. A node's wait holds the
-        # collective itself and the wait for the slowest rank (a straggler, another
-        # node's data-loader stall, a heavier stage): those raise some nodes' wait and
-        # never the node that waited for no one, whose wait is the collective's own; a
-        # slow link or switch raises every node's.
+        # How much the job's collectives slowed: the wait of each node's slowest rank
+        # (its step time less its compute and data wait) against its own baseline, the
+        # least rise of any node. A rank's wait holds the collective itself and the wait
+        # for slower ranks (a straggler, another node's data-loader stall, a heavier
+        # stage): those raise other ranks' wait, never that of the rank everyone waited
+        # for, whose wait is the collective's own; a slow link or switch raises every
+        # rank's. The slowest rank, not the node's mean: the other ranks of a straggler's
+        # node wait for it too, and their mean would rise with every other node's.
         Record(
             series.node_comm,
-            f"{rate_sum('gpufleet_training_collective_wait_seconds_total', NODE_STAGE, step_w)}\n"
+            f"(\n  {step_seconds} - {rate_sum('gpufleet_training_data_wait_seconds_total', NODE_STAGE, step_w)}\n"
+            # a client that times no data wait sends none
+            f"  or {step_seconds}\n)\n"
             # no steps, no value (not NaN: one NaN makes the baseline's quantile NaN)
-            f"/ ({rate_sum('gpufleet_training_steps_total', NODE_STAGE, step_w)} > 0)",
+            f"/ ({rate_sum('gpufleet_training_steps_total', NODE_STAGE, step_w)} > 0)\n"
+            f"- {rate_sum('gpufleet_training_slowest_rank_compute_seconds_total', NODE_STAGE, step_w)}\n"
+            f"/ ({rate_sum('gpufleet_training_slowest_rank_steps_total', NODE_STAGE, step_w)} > 0)",
         ),
         # A low quantile, not the mean: an earlier slow spell in the window must not
         # raise the baseline (the job's collectives at their fastest are the reference).
@@ -430,22 +450,24 @@ def training_alerts(config: RulesConfig) -> Group:
             # Two signals, valued as the job's step time against its baseline. The steady
             # step time is the slowest of every GPU each step: it grazes the ratio now and
             # then, so its least over a while (the baseline barely moves in it) must be
-            # above the ratio: it must hold for job_slowdown_hold_window first. The least rise of
-            # any node's collective wait is steadier and sees a slow network at once: as a
-            # share of the step time.
+            # above the ratio: it must hold for job_slowdown_hold_window first. A straggler
+            # slows a lock-step job too, and has its own page naming the node: while the
+            # job has one, the step time says nothing of the rest.
             f"(\n  min_over_time({steady}[{config.job_slowdown_hold_window}:1m]) / {steady_baseline}\n"
             f"  > {config.job_slowdown_ratio}\n"
+            f"  unless on (training_job) max by (training_job) ({ratio}) > {config.straggler_ratio}\n"
+            f"  unless on (training_job) count by (training_job) ({series.straggler})\n"
+            # The least rise of any node's slowest-rank wait is steadier and sees a slow
+            # network at once, as a share of the step time; a straggler does not raise it
+            # (the straggler waits for no one), so it stands while a node straggles.
             f"  or on (training_job)\n"
             f"  1 + {series.job_comm_rise} / {steady_baseline} > {1 + config.job_comm_step_share}\n)\n"
-            f"and on (training_job) count by (training_job) ({series.node_step})\n"
-            # A straggler slows a lock-step job too; it has its own page, naming the node.
-            f"unless on (training_job) max by (training_job) ({ratio}) > {config.straggler_ratio}\n"
-            f"unless on (training_job) count by (training_job) ({series.straggler})",
+            f"and on (training_job) count by (training_job) ({series.node_step})",
             "warning",
             "A training job runs slower than its recent baseline (job-wide, not one node).",
             'Job {{ $labels.training_job }} takes {{ $value | printf "%.2f" }}x its recent '
             "step time across all nodes: a cluster-wide cause (network, storage, cooling, a "
-            "communication fail-slow). No single node is slower than its peers.",
+            "communication fail-slow), not one slow node (that pages as GpuFleetStragglerNode).",
             config.job_slowdown_for,
         ),
         Alert(
