@@ -175,6 +175,29 @@ def test_the_shared_history_writes_physical_nodes_and_rank_series(tmp_path: Path
     assert any(max(values) > 0 for values in split.values())
 
 
+@pytest.mark.parametrize("shared", [False, True], ids=["one job", "shared cluster"])
+def test_every_gpu_s_sm_clock_is_in_the_history_lower_on_a_slow_gpu(
+    tmp_path: Path, shared: bool
+) -> None:
+    slow = {"kind": "fail_slow_compute", "node": 2, "gpu": 5, "start": 600.0,
+            "duration": 7200.0, "magnitude": 1.25}  # fmt: skip
+    scenario = (
+        replace(shapes(spares=0), episodes=[{**slow, "job": "pp-2-nodes-per-stage"}])
+        if shared
+        else replace(load_scenario("healthy").with_cluster(nodes=8), episodes=[slow])
+    )
+    result = write_history(scenario, 3, 1 / 24, tmp_path, end=START, shards=1)
+    text = result.files[0].read_text()
+    nodes = json.loads(result.ground_truth.read_text())["cluster"]["nodes"]
+    clocks = series(text, "DCGM_FI_DEV_SM_CLOCK")
+    assert len(clocks) == nodes * 8  # every GPU of every node, not only those with events
+    slowed = {k for k, values in clocks.items() if min(values) < 1980}
+    assert len(slowed) == 1
+    (key,) = slowed
+    assert label(key, "gpu") == "5" and min(clocks[key]) == round(1980 / 1.25)
+    assert all(set(values) == {1980.0} for k, values in clocks.items() if k != key)
+
+
 def test_rank_series_of_the_default_job_on_request(tmp_path: Path) -> None:
     # auto: only where stages have at most 4 nodes (the default quick job has 8: unchanged)
     assert not wants_rank_series(ClusterSpec(nodes=32), "auto")

@@ -43,6 +43,14 @@ GPU_COUNTERS = tuple(
 _VOLATILE = (cat.ECC_SBE_VOL.name, cat.ECC_DBE_VOL.name)
 HW_SLOWDOWN = 0x8
 HW_THERMAL = 0x40
+MAX_SM_CLOCK_MHZ = 1980.0  # an H100 SXM's SM clock under load, unthrottled
+
+
+def sm_clock_mhz(slowdown: np.ndarray) -> np.ndarray:
+    """SM clocks of GPUs slowed by ``slowdown`` (clock-locked, throttled: the clock drops)."""
+    return np.round(MAX_SM_CLOCK_MHZ / slowdown)
+
+
 HW_POWER_BRAKE = 0x80
 AGENT_TTL_S = 900.0  # the agent forgets a job that stopped reporting (its default)
 
@@ -617,7 +625,7 @@ class Cluster:
         slow = float(self.slowdown[node, gpu])
         watts = float(self._power_watts()[node, gpu]) if load > 0.5 else 72.0
         values = {
-            cat.SM_CLOCK.name: round(1980.0 / slow),
+            cat.SM_CLOCK.name: float(sm_clock_mhz(self.slowdown[node, gpu])),
             cat.MEM_CLOCK.name: 2619.0,
             cat.GPU_TEMP.name: round(30 + watts / 20),
             cat.MEMORY_TEMP.name: round(36 + watts / 18),

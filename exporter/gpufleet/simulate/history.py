@@ -42,7 +42,14 @@ from gpufleet.schema import agent as agent_schema
 from gpufleet.schema import training as ts
 from gpufleet.schema.external import UP
 from gpufleet.schema.family import MetricDef
-from gpufleet.simulate.cluster import GPU_COUNTERS, HW_POWER_BRAKE, HW_SLOWDOWN, HW_THERMAL, Cluster
+from gpufleet.simulate.cluster import (
+    GPU_COUNTERS,
+    HW_POWER_BRAKE,
+    HW_SLOWDOWN,
+    HW_THERMAL,
+    Cluster,
+    sm_clock_mhz,
+)
 from gpufleet.simulate.config import ClusterSpec, Scenario
 from gpufleet.simulate.faults import CAUSES_BY_NAME, Effect, Kind
 from gpufleet.simulate.serve import MODEL, PCI_BUS_IDS
@@ -76,7 +83,8 @@ _RANK_TRAINING: tuple[tuple[MetricDef, str], ...] = (
 # where the node-level comparison runs out of peers (they add 2 series per reporting rank).
 RANK_SERIES_MAX_NODES_PER_STAGE = 4
 RANK_SERIES = ("auto", "all", "none")
-# Per-GPU gauges written with ``gpu_gauges`` (what the node dashboard draws).
+# Per-GPU gauges written with ``gpu_gauges`` (what the node dashboard draws). Every
+# GPU's SM clock is written always: the subtle-straggler rule reads it.
 GPU_GAUGES = tuple(
     metric.name
     for metric in (
@@ -86,7 +94,6 @@ GPU_GAUGES = tuple(
         cat.GPU_TEMP,
         cat.MEMORY_TEMP,
         cat.POWER_USAGE,
-        cat.SM_CLOCK,
         cat.MEM_CLOCK,
     )
 )
@@ -184,6 +191,7 @@ class _Recorder:
         count = len(nodes)
         self.up = np.full((ticks, count), np.nan)
         self.gpu_up = np.full((ticks, count, cluster.gpus), np.nan)
+        self.sm_clock = np.full((ticks, count, cluster.gpus), np.nan)
         self.gauges = {
             name: np.full((ticks, count, cluster.gpus), np.nan)
             for name in (GPU_GAUGES if gpu_gauges else ())
@@ -223,6 +231,7 @@ class _Recorder:
         gpu_up = (~cluster.gpu_lost[nodes] & ~hung[:, None]).astype(float)
         gpu_up[~alive] = np.nan
         self.gpu_up[tick] = gpu_up
+        self.sm_clock[tick] = np.where(gpu_up == 1, sm_clock_mhz(cluster.slowdown[nodes]), np.nan)
         if self.gauges:
             for column, node in enumerate(nodes):
                 for gpu in np.flatnonzero(gpu_up[column] == 1).tolist():
@@ -312,6 +321,14 @@ def _write_shard(recorder: _Recorder, path: Path) -> int:
                     cat.GPU_UP.name,
                     _gpu_labels(cluster, node, gpu),
                     recorder.gpu_up[:, column, gpu],
+                )
+        out.declare(cat.SM_CLOCK)
+        for column, node in enumerate(recorder.nodes):
+            for gpu in range(cluster.gpus):
+                out.present(
+                    cat.SM_CLOCK.name,
+                    _gpu_labels(cluster, node, gpu),
+                    recorder.sm_clock[:, column, gpu],
                 )
         for name, gauge in recorder.gauges.items():
             out.declare(_GPU_METRICS[name])

@@ -31,7 +31,7 @@ from gpufleet.gpu.catalogue import GPU_LABELS
 from gpufleet.schema import agent as agent_schema
 from gpufleet.schema import training as ts
 from gpufleet.schema.external import UP
-from gpufleet.simulate.cluster import GPU_COUNTERS, Cluster
+from gpufleet.simulate.cluster import GPU_COUNTERS, MAX_SM_CLOCK_MHZ, Cluster
 from gpufleet.simulate.config import Scenario, ScenarioError
 from gpufleet.simulate.history import (
     _GPU_METRICS,
@@ -402,6 +402,13 @@ def _write_hardware(out: _Writer, shared: SharedCluster, views: list[_NodeView])
         for gpu in range(gpus):
             values = view.hardware(lambda s, g=gpu: s.recorder.gpu_up[:, s.column, g], 1.0)
             out.present(cat.GPU_UP.name, view.gpu_labels(gpu), values)
+    out.declare(cat.SM_CLOCK)
+    for view in views:
+        for gpu in range(gpus):
+            values = view.hardware(
+                lambda s, g=gpu: s.recorder.sm_clock[:, s.column, g], MAX_SM_CLOCK_MHZ
+            )
+            out.present(cat.SM_CLOCK.name, view.gpu_labels(gpu), values)
     out.declare(cat.GPUS_SEEN)
     for view in views:
         values = view.hardware(lambda s: s.recorder.seen[:, s.column], float(gpus))
