@@ -360,9 +360,12 @@ def training_recording(config: RulesConfig) -> list[Group]:
             series.node_comm_baseline,
             f"quantile_over_time({config.job_comm_baseline_quantile}, {series.node_comm}[{base_w}:2m] offset {base_o})",
         ),
+        # A node with no baseline yet (back from repair, a spare that took a slot) counts
+        # as no rise: it may be the straggler everyone else waits for.
         Record(
             series.job_comm_rise,
-            f"min by (training_job) ({series.node_comm} - {series.node_comm_baseline})",
+            f"min by (training_job) (\n  {series.node_comm} - {series.node_comm_baseline}\n"
+            f"  or {series.node_comm} * 0\n)",
         ),
         Record(
             series.job_step_avg,
