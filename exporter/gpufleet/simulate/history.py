@@ -314,27 +314,14 @@ def _write_shard(recorder: _Recorder, path: Path) -> int:
         for column, labels in enumerate(node_labels):
             out.present(UP.name, labels, recorder.up[:, column])
 
-        out.declare(cat.GPU_UP)
-        for column, node in enumerate(recorder.nodes):
-            for gpu in range(cluster.gpus):
-                out.present(
-                    cat.GPU_UP.name,
-                    _gpu_labels(cluster, node, gpu),
-                    recorder.gpu_up[:, column, gpu],
-                )
-        out.declare(cat.SM_CLOCK)
-        for column, node in enumerate(recorder.nodes):
-            for gpu in range(cluster.gpus):
-                out.present(
-                    cat.SM_CLOCK.name,
-                    _gpu_labels(cluster, node, gpu),
-                    recorder.sm_clock[:, column, gpu],
-                )
-        for name, gauge in recorder.gauges.items():
-            out.declare(_GPU_METRICS[name])
+        per_gpu = [(cat.GPU_UP, recorder.gpu_up), (cat.SM_CLOCK, recorder.sm_clock)]
+        per_gpu += [(_GPU_METRICS[name], gauge) for name, gauge in recorder.gauges.items()]
+        for metric, array in per_gpu:
+            out.declare(metric)
             for column, node in enumerate(recorder.nodes):
                 for gpu in range(cluster.gpus):
-                    out.present(name, _gpu_labels(cluster, node, gpu), gauge[:, column, gpu])
+                    labels = _gpu_labels(cluster, node, gpu)
+                    out.present(metric.name, labels, array[:, column, gpu])
         for metric, array in ((cat.GPUS_SEEN, recorder.seen), (cat.GPUS_EXPECTED, None)):
             out.declare(metric)
             for column, name in enumerate(names):
