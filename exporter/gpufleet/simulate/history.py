@@ -316,12 +316,12 @@ def _write_shard(recorder: _Recorder, path: Path) -> int:
 
         per_gpu = [(cat.GPU_UP, recorder.gpu_up), (cat.SM_CLOCK, recorder.sm_clock)]
         per_gpu += [(_GPU_METRICS[name], gauge) for name, gauge in recorder.gauges.items()]
-        for metric, array in per_gpu:
-            out.declare(metric)
+        for family, per_tick in per_gpu:
+            out.declare(family)
             for column, node in enumerate(recorder.nodes):
                 for gpu in range(cluster.gpus):
                     labels = _gpu_labels(cluster, node, gpu)
-                    out.present(metric.name, labels, array[:, column, gpu])
+                    out.present(family.name, labels, per_tick[:, column, gpu])
         for metric, array in ((cat.GPUS_SEEN, recorder.seen), (cat.GPUS_EXPECTED, None)):
             out.declare(metric)
             for column, name in enumerate(names):
