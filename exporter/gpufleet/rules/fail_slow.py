@@ -74,6 +74,10 @@ class TrainingSeries(SeriesNames):
     clock_ratio: str = "node:gpufleet_training_sm_clock_ratio:min{straggler_subtle_window}"
     # the straggler condition without its `for`, valued by how much slower
     straggler: str = "node:gpufleet_training_straggler:ratio{rate_window}"
+    # per job: its stages, and those with a node slower than its peers now (one in every
+    # stage at once is a data-parallel replica given more work, not slow hardware)
+    job_stages: str = "job:gpufleet_training_stages:count{rate_window}"
+    straggling_stages: str = "job:gpufleet_training_straggling_stages:count{rate_window}"
     # per stage: 1 if a peer comparison covers it, 0 if not (label reason says why)
     detection_active: str = "stage:gpufleet_straggler_detection:active"
     # node-stages whose slowest rank stepped within step_window; their step seconds
@@ -138,6 +142,16 @@ def straggler_expr(config: RulesConfig, series: TrainingSeries) -> str:
         f"  and on ({NODE_STAGE}) {series.baseline_ratio} > {config.straggler_subtle_baseline_ratio}\n"
         f"  and on ({NODE_STAGE}) {series.clock_ratio} < {config.straggler_subtle_clock_ratio}\n  )\n)\n"
         f"and on ({NODE_STAGE}) {series.stepping}"
+    )
+
+
+def replica_imbalance_expr(series: TrainingSeries) -> str:
+    """A job of two or more stages with a straggling node in every stage, valued by its
+    stage count: the signature of a data-parallel replica with more work."""
+    stages = series.job_stages
+    return (
+        f"{series.straggling_stages} >= on (training_job) {stages}\n"
+        f"and on (training_job) {stages} >= 2"
     )
 
 
@@ -273,6 +287,15 @@ def training_recording(config: RulesConfig) -> list[Group]:
         # The straggler condition without its `for`: the alert reads it, and stage
         # imbalance is silent for a stage that holds one.
         Record(series.straggler, straggler_expr(config, series)),
+        # A data-parallel replica spans one node (or a few) in every pipeline stage: given
+        # more work than the others (longer sequences, uneven packing or sharding) its nodes
+        # compute longer in every stage at once, on healthy GPUs. Slow hardware is one node;
+        # a slow node in every stage of a job at the same moment is the replica's work.
+        Record(series.job_stages, f"count by (training_job) ({nodes})"),
+        Record(
+            series.straggling_stages,
+            f"count by (training_job) (count by ({STAGE}) ({series.straggler}))",
+        ),
         # Which stages have a peer comparison, and why not where none: 1 covered, 0 not.
         # A stepping stage none of whose ranks timed a split (compute or collective wait)
         # is blind first of all: its compute is the rest of each step, the same on every
@@ -424,10 +447,12 @@ def training_alerts(config: RulesConfig) -> Group:
     in_flight = metric("gpufleet_checkpoint_in_flight", config.agent_selector)
     share = series.data_wait_share
     share_median = series.data_wait_median
+    replica = replica_imbalance_expr(series)
+    nested_replica = replica.replace("\n", "\n  ")
     rules: list[Record | Alert] = [
         Alert(
             "GpuFleetStragglerNode",
-            series.straggler,
+            f"{series.straggler}\nunless on (training_job) (\n  {nested_replica}\n)",
             "warning",
             "A node computes persistently slower than its peers in the same pipeline stage.",
             f'{JOB_NODE} computes {{{{ $value | printf "%.2f" }}}}x its stage peers (the '
@@ -487,6 +512,19 @@ def training_alerts(config: RulesConfig) -> Group:
             '{{ $value | printf "%.2f" }}x the fastest stage, on every node of the stage: '
             "rebalance the layers across stages.",
             config.stage_imbalance_for,
+        ),
+        Alert(
+            "GpuFleetReplicaImbalance",
+            replica,
+            "info",
+            "One node in every pipeline stage of a job computes slower than its peers at once: "
+            "uneven work across data-parallel replicas, not slow hardware.",
+            "In job {{ $labels.training_job }} a node in each of its {{ $value }} pipeline stages "
+            "computes slower than its stage peers at the same time: the nodes of one "
+            "data-parallel replica, given more work than the others (longer sequences, uneven "
+            "packing or sharding). No node is paged and the job slowdown stays silent; check "
+            "how the data loader balances work across replicas.",
+            config.straggler_for,
         ),
         Alert(
             "GpuFleetStragglerDetectionInactive",
