@@ -522,8 +522,9 @@ def training_alerts(config: RulesConfig) -> Group:
             "In job {{ $labels.training_job }} a node in each of its {{ $value }} pipeline stages "
             "computes slower than its stage peers at the same time: the nodes of one "
             "data-parallel replica, given more work than the others (longer sequences, uneven "
-            "packing or sharding). No node is paged and the job slowdown stays silent; check "
-            "how the data loader balances work across replicas.",
+            "packing or sharding). No node is paged, and the job slowdown's step-time signal "
+            "stays silent as it does while a node straggles; check how the data loader "
+            "balances work across replicas.",
             config.straggler_for,
         ),
         Alert(
