@@ -44,6 +44,7 @@ import csv
 import hashlib
 import json
 import math
+import os
 import shutil
 import sys
 import tempfile
@@ -53,7 +54,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gpufleet.detect.evaluate import evaluate_all
+from gpufleet.detect import materialize
+from gpufleet.detect.evaluate import Firing, evaluate_all
 from gpufleet.detect.score import LEDGER_ALERTS, EpisodeScore, PageScore, Scores, score
 from gpufleet.devstack import PrometheusServer, backfill
 from gpufleet.promapi import PrometheusApi
@@ -281,6 +283,95 @@ def imported_history(
     )
 
 
+# Recording rules recorded once over each history (gpufleet.detect.materialize) instead
+# of inlined: the straggler rule is read by four alerts and two rules, so inlined it was
+# computed six times and took most of the evaluation. Read back with the staleness of a
+# recorded series, the alerts return the same firings (tests/test_detect_materialize.py).
+MATERIALIZED = ("node:gpufleet_training_straggler:ratio5m",)
+
+
+def rule_files() -> list[Path]:
+    return sorted((ROOT / "alerts").glob("*.rules.yaml"))
+
+
+def _serve(tsdb: Path, workdir: Path) -> PrometheusServer:
+    return PrometheusServer(
+        workdir,
+        storage_path=tsdb,
+        extra_args=[
+            # retention counts back from the newest block, not from now: keep every day
+            "--storage.tsdb.retention.time=3650d",
+            "--query.max-samples=300000000",
+            "--query.timeout=20m",
+        ],
+    ).start()
+
+
+def _link_blocks(source: Path, target: Path) -> None:
+    """Hard links to ``source``'s blocks under ``target``: Prometheus may compact them
+    there (writing new blocks, removing the links) without touching the cache."""
+    target.mkdir(parents=True, exist_ok=True)
+    for block in sorted(source.iterdir()):
+        if (block / "meta.json").is_file():
+            shutil.copytree(block, target / block.name, copy_function=os.link)
+            (target / block.name / "meta.json").unlink()
+            shutil.copy(block / "meta.json", target / block.name / "meta.json")
+
+
+def materialize_records(
+    history: History,
+    workdir: Path,
+    cache: Path | None,
+    workers: int,
+    names: tuple[str, ...] = MATERIALIZED,
+) -> tuple[Path, str]:
+    """A TSDB of the history plus the records ``names`` over all of it, and a line
+    saying what that took. Recorded blocks are cached next to the history, keyed by the
+    expressions recorded."""
+    tsdb = workdir / "evaluated"
+    _link_blocks(history.tsdb, tsdb)
+    levels = materialize.plan(rule_files(), names, STEP_S)
+    started = time.monotonic()
+    samples = 0
+    reused = 0
+    for number, level in enumerate(levels):
+        recorded_so_far = [[m.expr, m.record.labels] for lv in levels[: number + 1] for m in lv]
+        key = hashlib.sha256(
+            json.dumps([recorded_so_far, history.start, history.end, STEP_S]).encode()
+        ).hexdigest()[:16]
+        kept = history.tsdb.parent / f"records-{key}" if cache else None
+        if kept is not None and (kept / "done").exists():
+            _link_blocks(kept, tsdb)
+            reused += 1
+            continue
+        prometheus = _serve(tsdb, workdir / f"prometheus-records-{number}")
+        try:
+            samples += materialize.record_level(
+                PrometheusApi(prometheus.url, timeout=600.0),
+                level,
+                history.start,
+                history.end,
+                STEP_S,
+                out=workdir / f"records-{number}.om",
+                workers=workers,
+            )
+        finally:
+            prometheus.stop()
+        blocks = workdir / f"records-{number}"
+        backfill([workdir / f"records-{number}.om"], blocks)
+        (workdir / f"records-{number}.om").unlink()
+        if kept is not None:
+            shutil.rmtree(kept, ignore_errors=True)
+            shutil.copytree(blocks, kept)
+            (kept / "done").touch()
+        _link_blocks(blocks, tsdb)
+    took = time.monotonic() - started
+    return tsdb, (
+        f"{len(names)} recording rules recorded in {took:.0f} s "
+        f"({samples:,} samples; {reused} of {len(levels)} levels recorded before)"
+    )
+
+
 def run_seed(
     scenario: Scenario,
     seed: int,
@@ -294,20 +385,31 @@ def run_seed(
     workers: int = 2,
 ) -> Scores:
     history = imported_history(scenario, seed, days, end=end, workdir=workdir, cache=cache)
-    prometheus = PrometheusServer(
-        workdir / "prometheus",
-        storage_path=history.tsdb,
-        extra_args=[
-            # retention counts back from the newest block, not from now: keep every day
-            "--storage.tsdb.retention.time=3650d",
-            "--query.max-samples=300000000",
-            "--query.timeout=20m",
-        ],
-    ).start()
+    firings, note = evaluate_history(
+        history, workdir, cache, only=only, workers=workers, label=f"seed {seed}"
+    )
+    log.append(f"seed {seed}: {history.note}; {note}")
+    return score(history.truth, firings)
+
+
+def evaluate_history(
+    history: History,
+    workdir: Path,
+    cache: Path | None,
+    *,
+    only: frozenset[str] = frozenset(),
+    workers: int = 2,
+    materialized: tuple[str, ...] = MATERIALIZED,
+    label: str = "",
+) -> tuple[list[Firing], str]:
+    """Every alert's firings over ``history`` (the ``materialized`` records recorded
+    first, the rest inlined), and a line saying what it took."""
+    tsdb, recorded = materialize_records(history, workdir, cache, workers, materialized)
+    prometheus = _serve(tsdb, workdir / "prometheus")
     try:
         alerts = [
             alert
-            for alert in inlined_alerts(sorted((ROOT / "alerts").glob("*.rules.yaml")))
+            for alert in inlined_alerts(rule_files(), dict.fromkeys(materialized, STEP_S))
             if alert.name not in LEDGER_ALERTS and (not only or alert.name in only)
         ]
         started = time.monotonic()
@@ -319,16 +421,14 @@ def run_seed(
             history.end,
             STEP_S,
             workers=workers,
-            progress=lambda name: print(f"  seed {seed}: evaluating {name}", file=sys.stderr),
+            progress=lambda name: print(f"  {label}: evaluating {name}", file=sys.stderr),
         )
         evaluated = time.monotonic() - started
     finally:
         prometheus.stop()
-    log.append(
-        f"seed {seed}: {history.note}; {len(alerts)} alerts evaluated in {evaluated:.0f} s "
-        f"({workers} at a time)"
+    return firings, (
+        f"{recorded}; {len(alerts)} alerts evaluated in {evaluated:.0f} s ({workers} at a time)"
     )
-    return score(history.truth, firings)
 
 
 def merge(results: list[Scores]) -> Scores:

@@ -101,3 +101,28 @@ def test_durations() -> None:
         90,
         172800,
     ]
+
+
+def test_a_materialized_name_is_read_with_the_staleness_of_a_recorded_series() -> None:
+    """Instants see only the sample of their own evaluation (a recorded series vanishes
+    at the first evaluation that does not return it); ranges read the samples."""
+    inliner = Inliner(
+        [
+            RecordRule("node:a:rate5m", "sum by (node) (rate(a_total[5m]))", {}),
+            RecordRule("node:slow", "node:a:rate5m > 2", {}),
+            RecordRule("job:slow:count", "count by (job) (node:slow)", {}),
+        ],
+        materialized={"node:slow": 30.0},
+    )
+    assert inliner.inline("job:slow:count") == (
+        "(count by (job) (last_over_time(node:slow[29999ms])))"
+    )
+    assert inliner.inline('x unless on (node) node:slow{job="a"}') == (
+        'x unless on (node) last_over_time(node:slow{job="a"}[29999ms])'
+    )
+    assert inliner.inline("max_over_time(node:slow[10m])") == "max_over_time(node:slow[10m])"
+    assert inliner.inline("max_over_time(node:slow{job='a'}[10m:1m])") == (
+        "max_over_time(last_over_time(node:slow{job='a'}[29999ms])[10m:1m])"
+    )
+    assert inliner.references("node:slow / node:a:rate5m + other") == {"node:slow", "node:a:rate5m"}
+    assert inliner.references('x{reason="node:slow"}') == set()

@@ -6,11 +6,19 @@ record with static ``labels`` gains them through ``label_replace``; equality
 matchers on a recorded name (``job:x:rate1h{op="save"}``) become a filter
 ``and on (op) label_replace(vector(1), "op", "save", "", "")``, or pick among
 records of the same name whose static labels decide it (the XID catalogue).
+
+A name that has been *materialized* (recorded once over the history and imported as
+series of its own, ``gpufleet.detect.materialize``) is read, not inlined: an
+instant reference reads only the sample of its own evaluation
+(``last_over_time(name[interval - 1ms])``, as Prometheus's staleness marker makes a
+recorded series vanish at the first evaluation that no longer returns it), and a
+range reads the recorded samples themselves.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +26,7 @@ from typing import Any
 import yaml
 
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_STRING = re.compile(r""""(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|`[^`]*`""")
 _MATCHER = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
 
 
@@ -62,23 +71,30 @@ def _parse_matchers(text: str) -> dict[str, str]:
 
 
 class Inliner:
-    def __init__(self, records: list[RecordRule]) -> None:
+    def __init__(
+        self, records: list[RecordRule], materialized: Mapping[str, float] | None = None
+    ) -> None:
+        """``materialized``: recorded names stored as series, each with the interval (in
+        seconds) its rule was evaluated at."""
         self._records: dict[str, list[RecordRule]] = {}
         for record in records:
             self._records.setdefault(record.name, []).append(record)
+        self._materialized = dict(materialized or {})
         self._done: dict[tuple[str, str], str] = {}
 
     @classmethod
-    def from_files(cls, paths: list[Path]) -> Inliner:
-        records = []
-        for path in paths:
-            for group in yaml.safe_load(path.read_text())["groups"]:
-                for rule in group["rules"]:
-                    if "record" in rule:
-                        records.append(
-                            RecordRule(rule["record"], rule["expr"], dict(rule.get("labels", {})))
-                        )
-        return cls(records)
+    def from_files(
+        cls, paths: list[Path], materialized: Mapping[str, float] | None = None
+    ) -> Inliner:
+        return cls(read_records(paths), materialized)
+
+    @property
+    def records(self) -> dict[str, list[RecordRule]]:
+        return self._records
+
+    def references(self, expr: str) -> set[str]:
+        """The recorded names ``expr`` reads, directly."""
+        return {name for name in _NAME.findall(_STRING.sub('""', expr)) if name in self._records}
 
     def inline(self, expr: str) -> str:
         """``expr`` with every recorded name replaced by what defines it."""
@@ -100,6 +116,10 @@ class Inliner:
             ):
                 name = match.group(0)
                 end = match.end()
+                if name in self._materialized:
+                    out.append(self._read(name, expr, end))
+                    position = self._read_end(expr, end)
+                    continue
                 if name in self._records:
                     matchers = ""
                     if end < length and expr[end] == "{":
@@ -123,6 +143,34 @@ class Inliner:
             out.append(char)
             position += 1
         return "".join(out)
+
+    def _read(self, name: str, expr: str, end: int) -> str:
+        """A materialized name read as a series: ``name{...}[range]`` stays a range over
+        the recorded samples; any other reference sees only the sample recorded at
+        its own evaluation."""
+        selector_end = self._read_end(expr, end)
+        selector = expr[end - len(name) : selector_end]
+        if selector.endswith("]") and ":" not in selector[selector.rindex("[") :]:
+            return selector
+        if selector.endswith("]"):  # a subquery: read each of its points as an instant
+            bracket = selector.rindex("[")
+            return self._instant(selector[:bracket]) + selector[bracket:]
+        return self._instant(selector)
+
+    def _instant(self, selector: str) -> str:
+        name = _NAME.match(selector)
+        assert name is not None
+        interval_ms = round(self._materialized[name.group(0)] * 1000)
+        return f"last_over_time({selector}[{interval_ms - 1}ms])"
+
+    @staticmethod
+    def _read_end(expr: str, end: int) -> int:
+        """Where the selector of the name ending at ``end`` ends (matchers, range)."""
+        if end < len(expr) and expr[end] == "{":
+            end = expr.index("}", end) + 1
+        if end < len(expr) and expr[end] == "[":
+            end = expr.index("]", end) + 1
+        return end
 
     def _expand(self, name: str, matcher_text: str) -> str:
         key = (name, matcher_text)
@@ -163,12 +211,27 @@ def subquery_step(span: str) -> str:
     return f"{max(60, int(duration_seconds(span) // SUBQUERY_POINTS))}s"
 
 
+def read_records(paths: list[Path]) -> list[RecordRule]:
+    records = []
+    for path in paths:
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            for rule in group["rules"]:
+                if "record" in rule:
+                    records.append(
+                        RecordRule(rule["record"], rule["expr"], dict(rule.get("labels", {})))
+                    )
+    return records
+
+
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"')
 
 
-def inlined_alerts(paths: list[Path]) -> list[AlertRule]:
-    inliner = Inliner.from_files(paths)
+def inlined_alerts(
+    paths: list[Path], materialized: Mapping[str, float] | None = None
+) -> list[AlertRule]:
+    """Every alert of ``paths``, recorded names inlined except those ``materialized``."""
+    inliner = Inliner.from_files(paths, materialized)
     alerts = []
     for path in paths:
         document: dict[str, Any] = yaml.safe_load(path.read_text())
