@@ -285,9 +285,16 @@ def imported_history(
 
 # Recording rules recorded once over each history (gpufleet.detect.materialize) instead
 # of inlined: the straggler rule is read by four alerts and two rules, so inlined it was
-# computed six times and took most of the evaluation. Read back with the staleness of a
-# recorded series, the alerts return the same firings (tests/test_detect_materialize.py).
-MATERIALIZED = ("node:gpufleet_training_straggler:ratio5m",)
+# computed six times and took most of the evaluation; the new-XID rules are read by four
+# alerts. Each returns few series (only what is slow or new). Read back with the
+# staleness of a recorded series, the alerts return the same firings
+# (tests/test_detect_materialize.py).
+MATERIALIZED = (
+    "node:gpufleet_training_straggler:ratio5m",
+    "gpu:gpufleet_gpu_xid_errors:new10m",
+    "gpu:DCGM_FI_DEV_XID_ERRORS:changed10m",
+    "gpu:gpufleet_gpu_hw_slowdown:active",
+)
 
 
 def rule_files() -> list[Path]:

@@ -71,7 +71,7 @@ def test_recorded_and_inlined_rules_give_the_same_firings(tmp_path: Path) -> Non
         )
         if any(name in alert.expr for name in bench.MATERIALIZED)
     )
-    assert {"GpuFleetStragglerNode", "GpuFleetJobSlowdown"} <= readers
+    assert {"GpuFleetStragglerNode", "GpuFleetJobSlowdown", "GpuFleetCriticalXid"} <= readers
     runs = []
     for recorded in ((), bench.MATERIALIZED):
         workdir = tmp_path / f"recorded-{len(recorded)}"
@@ -81,5 +81,6 @@ def test_recorded_and_inlined_rules_give_the_same_firings(tmp_path: Path) -> Non
         )
         runs.append(sorted(firings, key=lambda f: (f.alert, f.labels, f.start)))
     inlined, recorded_firings = runs
-    assert any(f.alert == "GpuFleetStragglerNode" for f in inlined)  # something to compare
+    # something to compare: slow nodes and XIDs
+    assert {"GpuFleetStragglerNode", "GpuFleetCriticalXid"} <= {f.alert for f in inlined}
     assert recorded_firings == inlined

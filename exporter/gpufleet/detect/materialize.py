@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from gpufleet.promapi import PrometheusApi
 from gpufleet.rules.inline import Inliner, RecordRule
@@ -82,30 +82,35 @@ def record_level(
 ) -> int:
     """Evaluate every record of ``level`` at each ``step`` in [start, end] and write
     the series as OpenMetrics to ``out``; return the number of samples written."""
+    span = max(step, chunk - chunk % step)
+    windows = []
+    cursor = start
+    while cursor <= end:
+        windows.append((cursor, min(end, cursor + span - step)))
+        cursor = windows[-1][1] + step
+    tasks = [(item, window) for item in level for window in windows]
 
-    def one(item: Materialized) -> dict[tuple[tuple[str, str], ...], list[tuple[float, str]]]:
-        if progress is not None:
+    def one(task: tuple[Materialized, tuple[float, float]]) -> list[dict[str, Any]]:
+        item, (first, last) = task
+        if progress is not None and first == start:
             progress(item.record.name)
-        series: dict[tuple[tuple[str, str], ...], list[tuple[float, str]]] = {}
-        span = max(step, chunk - chunk % step)
-        cursor = start
-        while cursor <= end:
-            stop = min(end, cursor + span - step)
-            for result in api.query_range(item.expr, cursor, stop, step):
-                metric = {k: v for k, v in result["metric"].items() if k != "__name__"}
-                metric.update(item.record.labels)  # a record's static labels win, as in Prometheus
-                key = tuple(sorted(metric.items()))
-                series.setdefault(key, []).extend((float(t), v) for t, v in result["values"])
-            cursor = stop + step
-        return series
+        return api.query_range(item.expr, first, last, step)
 
+    # every chunk of every record is its own query: two workers keep two cores busy
+    # even when a level holds one rule
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        results = list(pool.map(one, level))
+        results = list(pool.map(one, tasks))
     by_name: dict[str, dict[tuple[tuple[str, str], ...], list[tuple[float, str]]]] = {}
-    for item, series in zip(level, results, strict=True):
-        merged = by_name.setdefault(item.record.name, {})
-        for key, points in series.items():
-            merged.setdefault(key, []).extend(points)
+    for (item, _), result in zip(tasks, results, strict=True):
+        family = by_name.setdefault(item.record.name, {})
+        for series in result:
+            metric = series["metric"]
+            values = series["values"]
+            labels = {k: v for k, v in metric.items() if k != "__name__"}
+            labels.update(item.record.labels)  # a record's static labels win, as in Prometheus
+            family.setdefault(tuple(sorted(labels.items())), []).extend(
+                (float(t), v) for t, v in values
+            )
     written = 0
     with out.open("w") as stream:
         for name, family in sorted(by_name.items()):
