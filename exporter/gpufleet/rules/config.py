@@ -161,6 +161,13 @@ class RulesConfig:
     # SM clock over that window: a slower GPU, not a replica given more work (longer
     # sequences), which computes longer at the same clock.
     straggler_subtle_clock_ratio: float = 0.97
+    # A data-parallel replica given more work (longer sequences) is one node in every
+    # stage, each slower than its peers by about the same: while every stage of two or
+    # more nodes has a node at least replica_lean_ratio of its peers, a node within
+    # replica_match_ratio of the least of those (the replica's floor) is the replica's
+    # work, not slow hardware, and does not page.
+    replica_lean_ratio: float = 1.05
+    replica_match_ratio: float = 1.05
     # peers that agree closely must not make a tiny difference look huge: MAD floor
     mad_floor: float = 0.005
     baseline_window: str = "2h"

@@ -74,10 +74,10 @@ class TrainingSeries(SeriesNames):
     clock_ratio: str = "node:gpufleet_training_sm_clock_ratio:min{straggler_subtle_window}"
     # the straggler condition without its `for`, valued by how much slower
     straggler: str = "node:gpufleet_training_straggler:ratio{rate_window}"
-    # per job: its stages, and those with a node slower than its peers now (one in every
-    # stage at once is a data-parallel replica given more work, not slow hardware)
-    job_stages: str = "job:gpufleet_training_stages:count{rate_window}"
-    straggling_stages: str = "job:gpufleet_training_straggling_stages:count{rate_window}"
+    # per job: the least, over its stages of two or more nodes, of each stage's slowest
+    # node against its peers (only for jobs of two such stages or more): well above 1, one
+    # node in every stage is slower at once, a data-parallel replica given more work
+    replica_floor: str = "job:gpufleet_training_replica_floor:ratio{rate_window}"
     # per stage: 1 if a peer comparison covers it, 0 if not (label reason says why)
     detection_active: str = "stage:gpufleet_straggler_detection:active"
     # node-stages whose slowest rank stepped within step_window; their step seconds
@@ -114,12 +114,23 @@ class TrainingSeries(SeriesNames):
         return {"slowdown_percent": round(config.job_slowdown_quantile * 100)}
 
 
+def peer_ratio_expr(series: TrainingSeries) -> str:
+    """Each node against its stage peers as the straggler condition measures it: its
+    slowest rank against the fastest node's median rank in a stage of few nodes, else
+    its slowest rank against the stage's median node."""
+    return f"({series.rank_ratio} or {series.compute_ratio})"
+
+
 def straggler_expr(config: RulesConfig, series: TrainingSeries) -> str:
     """A node slower than its stage peers, valued by how much: node level where the stage
     has straggler_min_peers nodes, else rank level (its slowest rank against the fastest
     node's median rank) where it has straggler_min_rank_peers ranks; or subtly slower
     over straggler_subtle_window (than the stage's median node, in a small stage than its
-    fastest), slower than the node itself was, on a GPU that clocks lower than the job's."""
+    fastest), slower than the node itself was, on a GPU that clocks lower than the job's.
+
+    Never in a stage that times no compute split: every rank there counts its step time
+    as compute, so what differs between nodes is not compute (a node's first steps after
+    it joined the job, steps held for the others)."""
     nodes, ranks = series.stage_nodes, series.stage_ranks
     return (
         f"(\n  (\n  {series.compute_ratio} > {config.straggler_ratio}\n"
@@ -141,17 +152,33 @@ def straggler_expr(config: RulesConfig, series: TrainingSeries) -> str:
         # (longer sequences) computes longer on GPUs clocked like everyone else's
         f"  and on ({NODE_STAGE}) {series.baseline_ratio} > {config.straggler_subtle_baseline_ratio}\n"
         f"  and on ({NODE_STAGE}) {series.clock_ratio} < {config.straggler_subtle_clock_ratio}\n  )\n)\n"
-        f"and on ({NODE_STAGE}) {series.stepping}"
+        f"and on ({NODE_STAGE}) {series.stepping}\n"
+        f"unless on ({STAGE}) {series.detection_active} == 0"
     )
 
 
-def replica_imbalance_expr(series: TrainingSeries) -> str:
-    """A job of two or more stages with a straggling node in every stage, valued by its
-    stage count: the signature of a data-parallel replica with more work."""
-    stages = series.job_stages
+def replica_floor_expr(series: TrainingSeries) -> str:
+    """The least over a job's stages of two or more nodes of each stage's slowest node
+    against its peers, for jobs of two such stages or more."""
+    peers = f"on ({STAGE}) ({series.stage_nodes} >= 2)"
     return (
-        f"{series.straggling_stages} >= on (training_job) {stages}\n"
-        f"and on (training_job) {stages} >= 2"
+        f"min by (training_job) (\n  max by ({STAGE}) ({peer_ratio_expr(series)} and {peers})\n)\n"
+        f"and on (training_job) count by (training_job) ({series.stage_nodes} >= 2) >= 2"
+    )
+
+
+def replica_imbalance_expr(config: RulesConfig, series: TrainingSeries) -> str:
+    """Jobs with a node in every stage slower than its peers at once, valued by the
+    least of them: the signature of a data-parallel replica given more work."""
+    return f"{series.replica_floor} >= {config.replica_lean_ratio}"
+
+
+def replica_work_expr(config: RulesConfig, series: TrainingSeries) -> str:
+    """Nodes no slower than the replica's floor allows, while a replica is imbalanced:
+    its work, not slow hardware."""
+    return (
+        f"{peer_ratio_expr(series)}\n<= on (training_job) group_left ()\n"
+        f"({replica_imbalance_expr(config, series)}) * {config.replica_match_ratio}"
     )
 
 
@@ -291,11 +318,7 @@ def training_recording(config: RulesConfig) -> list[Group]:
         # more work than the others (longer sequences, uneven packing or sharding) its nodes
         # compute longer in every stage at once, on healthy GPUs. Slow hardware is one node;
         # a slow node in every stage of a job at the same moment is the replica's work.
-        Record(series.job_stages, f"count by (training_job) ({nodes})"),
-        Record(
-            series.straggling_stages,
-            f"count by (training_job) (count by ({STAGE}) ({series.straggler}))",
-        ),
+        Record(series.replica_floor, replica_floor_expr(series)),
         # Which stages have a peer comparison, and why not where none: 1 covered, 0 not.
         # A stepping stage none of whose ranks timed a split (compute or collective wait)
         # is blind first of all: its compute is the rest of each step, the same on every
@@ -447,12 +470,12 @@ def training_alerts(config: RulesConfig) -> Group:
     in_flight = metric("gpufleet_checkpoint_in_flight", config.agent_selector)
     share = series.data_wait_share
     share_median = series.data_wait_median
-    replica = replica_imbalance_expr(series)
-    nested_replica = replica.replace("\n", "\n  ")
+    replica = replica_imbalance_expr(config, series)
+    replica_work = replica_work_expr(config, series).replace("\n", "\n  ")
     rules: list[Record | Alert] = [
         Alert(
             "GpuFleetStragglerNode",
-            f"{series.straggler}\nunless on (training_job) (\n  {nested_replica}\n)",
+            f"{series.straggler}\nunless on ({NODE_STAGE}) (\n  {replica_work}\n)",
             "warning",
             "A node computes persistently slower than its peers in the same pipeline stage.",
             f'{JOB_NODE} computes {{{{ $value | printf "%.2f" }}}}x its stage peers (the '
@@ -519,12 +542,12 @@ def training_alerts(config: RulesConfig) -> Group:
             "info",
             "One node in every pipeline stage of a job computes slower than its peers at once: "
             "uneven work across data-parallel replicas, not slow hardware.",
-            "In job {{ $labels.training_job }} a node in each of its {{ $value }} pipeline stages "
-            "computes slower than its stage peers at the same time: the nodes of one "
+            "In job {{ $labels.training_job }} a node in every pipeline stage computes at least "
+            '{{ $value | printf "%.2f" }}x its stage peers at the same time: the nodes of one '
             "data-parallel replica, given more work than the others (longer sequences, uneven "
-            "packing or sharding). No node is paged, and the job slowdown's step-time signal "
-            "stays silent as it does while a node straggles; check how the data loader "
-            "balances work across replicas.",
+            "packing or sharding). A node no slower than that (within "
+            f"{round((config.replica_match_ratio - 1) * 100)}%) is not paged as a straggler; "
+            "check how the data loader balances work across replicas.",
             config.straggler_for,
         ),
         Alert(
