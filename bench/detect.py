@@ -2,8 +2,9 @@
 
 For each seed: the simulator writes a multi-day history with its default fault
 model and the ground truth of every injected episode; promtool turns it into
-TSDB blocks; a real Prometheus serves them; every alert of alerts/*.rules.yaml
-(recording rules inlined) is evaluated over the whole history through
+TSDB blocks; a real Prometheus serves them; the costliest recording rules are
+recorded once over the history (``MATERIALIZED``), the rest inlined; every alert of
+alerts/*.rules.yaml is evaluated over the whole history through
 /api/v1/query_range at the rule evaluation interval, with ``for`` applied as
 Prometheus does; the firings are scored against the ground truth.
 
