@@ -368,11 +368,14 @@ def training_recording(config: RulesConfig) -> list[Group]:
         # lock-step job every data-loader stall on any node stops all ranks for a minute
         # or two, several times an hour on a big job. A mean, or even a median when two
         # or three stalls fall in one window, reads that as a slowdown; the fastest
-        # quarter of the window's 2-minute stretches only rises when all of them do.
+        # quarter of the window's 2-minute stretches only rises when all of them do. Only
+        # while the job steps: a stalled job's 0/0 is NaN, and quantile_over_time sorts
+        # NaN first, so the stall's minutes would pull the baseline down (a false
+        # slowdown) or make it NaN (blind for two hours after a restart).
         Record(
             series.job_step,
             f"{rate_sum('gpufleet_training_step_seconds_total', 'training_job', step_w)}\n"
-            f"/ {rate_sum('gpufleet_training_steps_total', 'training_job', step_w)}",
+            f"/ ({rate_sum('gpufleet_training_steps_total', 'training_job', step_w)} > 0)",
         ),
         Record(
             steady,
