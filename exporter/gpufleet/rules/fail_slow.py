@@ -368,22 +368,24 @@ def training_recording(config: RulesConfig) -> list[Group]:
         # lock-step job every data-loader stall on any node stops all ranks for a minute
         # or two, several times an hour on a big job. A mean, or even a median when two
         # or three stalls fall in one window, reads that as a slowdown; the fastest
-        # quarter of the window's 2-minute stretches only rises when all of them do. Only
-        # while the job steps: a stalled job's 0/0 is NaN, and quantile_over_time sorts
-        # NaN first, so the stall's minutes would pull the baseline down (a false
-        # slowdown) or make it NaN (blind for two hours after a restart).
+        # quarter of the window's 2-minute stretches only rises when all of them do. A
+        # job that does not step has 0/0 = NaN here.
         Record(
             series.job_step,
             f"{rate_sum('gpufleet_training_step_seconds_total', 'training_job', step_w)}\n"
-            f"/ ({rate_sum('gpufleet_training_steps_total', 'training_job', step_w)} > 0)",
+            f"/ {rate_sum('gpufleet_training_steps_total', 'training_job', step_w)}",
         ),
         Record(
             steady,
             f"quantile_over_time({q}, {series.job_step}[{steady_w}:1m])",
         ),
+        # The baseline is the job's pace while it stepped: minutes it did not step are left
+        # out (> 0 drops NaN). In the steady reading they stay NaN, which the quantile sorts
+        # first: minutes without steps (an eval, a stall) pull it down, never up, so the
+        # slow steps around them are not read as the job's pace.
         Record(
             steady_baseline,
-            f"quantile_over_time({q}, {series.job_step}[{base_w}:1m] offset {base_o})",
+            f"quantile_over_time({q}, ({series.job_step} > 0)[{base_w}:1m] offset {base_o})",
         ),
         # How much the job's collectives slowed: the wait of each node's slowest rank
         # (its step time less its compute and data wait) against its own baseline, the
