@@ -3,7 +3,9 @@ an ASGI app served for real by uvicorn, and a webhook receiver for alerts."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -196,3 +198,15 @@ def paged_alertmanager(
 ) -> AlertmanagerServer:
     """A real Alertmanager that sends every notification to ``webhook_receiver``."""
     return alertmanager_factory(webhook_url=webhook_receiver.url)
+
+
+@pytest.fixture(scope="session")
+def bench_detect() -> Any:
+    """bench/detect.py as a module (it is a script, not part of the package)."""
+    path = Path(__file__).resolve().parents[1] / "bench" / "detect.py"
+    spec = importlib.util.spec_from_file_location("bench_detect", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_detect"] = module
+    spec.loader.exec_module(module)
+    return module

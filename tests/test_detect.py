@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import argparse
 import copy
-import importlib.util
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +14,6 @@ import pytest
 from gpufleet.detect.evaluate import Firing, apply_for
 from gpufleet.detect.score import EpisodeScore, score
 
-ROOT = Path(__file__).resolve().parents[1]
 T0 = 1_800_000_000.0
 DAY = 86400.0
 
@@ -392,20 +389,13 @@ def test_a_shared_cluster_is_scored_per_job() -> None:
     assert scores.recall("fail-slow compute") == 0.5
 
 
-def load_bench() -> Any:
-    spec = importlib.util.spec_from_file_location("bench_detect", ROOT / "bench" / "detect.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_detect"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_quick_benchmark_finds_injected_faults_through_real_prometheus(tmp_path: Path) -> None:
+def test_quick_benchmark_finds_injected_faults_through_real_prometheus(
+    tmp_path: Path, bench_detect: Any
+) -> None:
     """The whole pipeline: simulated history → promtool blocks → Prometheus → every
     alert of alerts/ evaluated → scored. Small and with boosted fault rates, so the
     thresholds are loose; the figures worth quoting come from the full benchmark."""
-    bench = load_bench()
+    bench = bench_detect
     end = bench.parse_end(bench.DEFAULT_END)  # fixed: the seed and the end fix the history
     scores = bench.run_seed(
         bench.scenario_for(32, bench.QUICK_RATES), 201, 0.5, end=end, workdir=tmp_path, log=[]
@@ -419,10 +409,10 @@ def test_quick_benchmark_finds_injected_faults_through_real_prometheus(tmp_path:
     assert scores.confounder_node_pages() == {}
 
 
-def test_the_benchmark_history_ends_at_a_fixed_time_never_the_wall_clock() -> None:
+def test_the_benchmark_history_ends_at_a_fixed_time_never_the_wall_clock(bench_detect: Any) -> None:
     """Diurnal drift follows the time of day: a history ending "now" made the same seed
     score differently at different hours. The default end is a constant; --end moves it."""
-    bench = load_bench()
+    bench = bench_detect
     parser_default = bench.parse_end(bench.DEFAULT_END)
     assert parser_default == 1_795_996_800.0  # 2026-11-30T00:00:00Z
     assert bench.parse_end("2026-11-30T06:30:59") == parser_default + 6.5 * 3600

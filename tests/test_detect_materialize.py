@@ -3,8 +3,6 @@ give the alerts the same firings as the same rules inlined."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,17 +10,6 @@ import pytest
 
 from gpufleet.detect import materialize
 from gpufleet.rules.inline import Inliner
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_bench() -> Any:
-    spec = importlib.util.spec_from_file_location("bench_detect", ROOT / "bench" / "detect.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_detect"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_levels_put_each_record_after_every_recorded_rule_it_reads(tmp_path: Path) -> None:
@@ -50,16 +37,18 @@ def test_levels_put_each_record_after_every_recorded_rule_it_reads(tmp_path: Pat
         materialize.plan([rules], ["node:b"], 30.0)
 
 
-def test_every_materialized_record_exists_in_the_rules() -> None:
-    bench = load_bench()
+def test_every_materialized_record_exists_in_the_rules(bench_detect: Any) -> None:
+    bench = bench_detect
     inliner = Inliner.from_files(bench.rule_files())
     assert set(bench.MATERIALIZED) <= inliner.records.keys()
 
 
-def test_recorded_and_inlined_rules_give_the_same_firings(tmp_path: Path) -> None:
+def test_recorded_and_inlined_rules_give_the_same_firings(
+    tmp_path: Path, bench_detect: Any
+) -> None:
     """The quick run's history (slow and failing nodes at boosted rates) through a real
     Prometheus, every alert that reads a recorded rule evaluated both ways."""
-    bench = load_bench()
+    bench = bench_detect
     end = bench.parse_end(bench.DEFAULT_END)
     history = bench.imported_history(
         bench.scenario_for(32, bench.QUICK_RATES), 201, 0.5, end=end, workdir=tmp_path, cache=None
