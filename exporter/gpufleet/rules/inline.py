@@ -117,8 +117,8 @@ class Inliner:
                 name = match.group(0)
                 end = match.end()
                 if name in self._materialized:
-                    out.append(self._read(name, expr, end))
-                    position = self._read_end(expr, end)
+                    text, position = self._read(name, expr, end)
+                    out.append(text)
                     continue
                 if name in self._records:
                     matchers = ""
@@ -144,18 +144,19 @@ class Inliner:
             position += 1
         return "".join(out)
 
-    def _read(self, name: str, expr: str, end: int) -> str:
-        """A materialized name read as a series: ``name{...}[range]`` stays a range over
-        the recorded samples; any other reference sees only the sample recorded at
-        its own evaluation."""
+    def _read(self, name: str, expr: str, end: int) -> tuple[str, int]:
+        """A materialized name read as a series, and where its selector ends:
+        ``name{...}[range]`` stays a range over the recorded samples; any other
+        reference sees only the sample recorded at its own evaluation."""
         selector_end = self._read_end(expr, end)
         selector = expr[end - len(name) : selector_end]
-        if selector.endswith("]") and ":" not in selector[selector.rindex("[") :]:
-            return selector
-        if selector.endswith("]"):  # a subquery: read each of its points as an instant
-            bracket = selector.rindex("[")
-            return self._instant(selector[:bracket]) + selector[bracket:]
-        return self._instant(selector)
+        if not selector.endswith("]"):
+            return self._instant(selector), selector_end
+        bracket = selector.rindex("[")
+        if ":" not in selector[bracket:]:
+            return selector, selector_end
+        # a subquery: read each of its points as an instant
+        return self._instant(selector[:bracket]) + selector[bracket:], selector_end
 
     def _instant(self, selector: str) -> str:
         name = _NAME.match(selector)
