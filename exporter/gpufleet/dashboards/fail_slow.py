@@ -89,9 +89,9 @@ def build(config: RulesConfig) -> dm.Dashboard:
         24,
         8,
         "Job step time vs its baseline",
-        "The job's mean step time over 2 minutes, its steady step time (the "
-        f"{config.job_slowdown_quantile:g} quantile over {config.job_slowdown_window}) and the "
-        f"same over its baseline. GpuFleetJobSlowdown pages when steady / baseline > {config.job_slowdown_ratio:g}.",
+        "The job's mean step time over 2 minutes, its steady step time (less its data-loader "
+        f"stalls, the {config.job_slowdown_quantile:g} quantile over {config.job_slowdown_window}) "
+        f"and the same over its baseline. GpuFleetJobSlowdown pages when steady / baseline > {config.job_slowdown_ratio:g}.",
         "s",
         common.targets(
             (f"{r.job_step}{{{common.sel(common.JOB)}}}", "step time (2m)"),

@@ -90,10 +90,15 @@ class TrainingSeries(SeriesNames):
     # the job's seconds per step over step_window, its steady step time now and over
     # its baseline, and its mean over hang_step_window
     job_step: str = "job:gpufleet_training_step_seconds:rate{step_window}"
-    job_steady: str = "job:gpufleet_training_step_seconds:p{slowdown_percent}_{job_slowdown_window}"
-    job_steady_baseline: str = (
-        "job:gpufleet_training_step_seconds:p{slowdown_percent}_baseline{baseline_window}"
+    # each node's data wait per step, the job's data-loader stalls per step (every node's
+    # wait above the job's least node's, summed) and its step time less them
+    node_data_wait: str = "node:gpufleet_training_data_wait_per_step:rate{step_window}"
+    job_data_stall: str = "job:gpufleet_training_data_stall_per_step:rate{step_window}"
+    job_step_net: str = "job:gpufleet_training_step_seconds_less_stalls:rate{step_window}"
+    job_steady: str = (
+        "job:gpufleet_training_step_seconds_less_stalls:p{slowdown_percent}_{job_slowdown_window}"
     )
+    job_steady_baseline: str = "job:gpufleet_training_step_seconds_less_stalls:p{slowdown_percent}_baseline{baseline_window}"
     job_step_avg: str = "job:gpufleet_training_step_seconds:avg{hang_step_window}"
     # each node's slowest rank's wait per step (collectives, pipeline bubbles), its
     # baseline, and the job's least rise over it
@@ -375,9 +380,31 @@ def training_recording(config: RulesConfig) -> list[Group]:
             f"{rate_sum('gpufleet_training_step_seconds_total', 'training_job', step_w)}\n"
             f"/ {rate_sum('gpufleet_training_steps_total', 'training_job', step_w)}",
         ),
+        # A data-loader stall on one node stops every rank of a lock-step job: the node
+        # waits for its data, the others for it. Its wait per step above the job's least
+        # node's is what the stall added to the job's step time (storage slow for every
+        # node raises the least too, and stays in the step time); a run of stalls on one
+        # node after another (a small job can spend a quarter of ten minutes in them) is
+        # the input pipeline's, not a slower job. A job that times no data wait (step
+        # time only) has no stall figure, and its step time stands as it is.
+        Record(
+            series.node_data_wait,
+            f"{rate_sum('gpufleet_training_data_wait_seconds_total', NODE_STAGE, step_w)}\n"
+            f"/ ({rate_sum('gpufleet_training_steps_total', NODE_STAGE, step_w)} > 0)",
+        ),
+        Record(
+            series.job_data_stall,
+            f"sum by (training_job) (\n  clamp_min(\n    {series.node_data_wait}\n"
+            f"    - on (training_job) group_left ()\n"
+            f"    min by (training_job) ({series.node_data_wait}),\n    0\n  )\n)",
+        ),
+        Record(
+            series.job_step_net,
+            f"{series.job_step}\n- ({series.job_data_stall} or {series.job_step} * 0)",
+        ),
         Record(
             steady,
-            f"quantile_over_time({q}, {series.job_step}[{steady_w}:1m])",
+            f"quantile_over_time({q}, {series.job_step_net}[{steady_w}:1m])",
         ),
         # The baseline is the job's pace while it stepped: minutes it did not step are left
         # out (> 0 drops NaN). In the steady reading they stay NaN, which the quantile sorts
@@ -385,7 +412,7 @@ def training_recording(config: RulesConfig) -> list[Group]:
         # slow steps around them are not read as the job's pace.
         Record(
             steady_baseline,
-            f"quantile_over_time({q}, ({series.job_step} > 0)[{base_w}:1m] offset {base_o})",
+            f"quantile_over_time({q}, ({series.job_step_net} > 0)[{base_w}:1m] offset {base_o})",
         ),
         # How much the job's collectives slowed: the wait of each node's slowest rank
         # (its step time less its compute and data wait) against its own baseline, the
