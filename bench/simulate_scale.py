@@ -13,6 +13,10 @@
 
     python bench/simulate_scale.py [--days 3] [--nodes 256] [--live-nodes 512] [--promtool]
     python bench/simulate_scale.py --skip-history --skip-live --warm-hours 7
+    python bench/simulate_scale.py --skip-history --skip-live --warm-hours 1 --rules OLD/alerts
+
+--rules evaluates another checkout's rule files (its alerts/ folder), live and warm:
+the cost of two sets of rules, side by side, on the same cluster.
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ def history(days: float, nodes: int, promtool: bool, workdir: Path) -> None:
     print(f"sim_history_write_s={result.seconds:.1f} sim_history_samples={result.samples}")
 
 
-def live(nodes: int, minutes: float, workdir: Path) -> None:
+def live(nodes: int, minutes: float, workdir: Path, rules_dir: Path = RULES) -> None:
     port = free_port()
     targets = workdir / "targets.json"
     simulator = ManagedProcess(
@@ -64,7 +68,9 @@ def live(nodes: int, minutes: float, workdir: Path) -> None:
         workdir / "simulator.log",
     )  # fmt: skip
     simulator.start()
-    rules = sorted(str(path) for path in RULES.glob("*.rules.yaml"))
+    rules = sorted(str(path) for path in rules_dir.glob("*.rules.yaml"))
+    if not rules:
+        raise SystemExit(f"no *.rules.yaml in {rules_dir}")
     prometheus_port = free_port()
     prometheus = PrometheusServer(
         workdir / "prometheus",
@@ -147,7 +153,7 @@ def rule_costs(prometheus: PrometheusServer) -> float:
     return amortized
 
 
-def warm(nodes: int, hours: float, workdir: Path) -> None:
+def warm(nodes: int, hours: float, workdir: Path, rules_dir: Path = RULES) -> None:
     scenario = load_scenario("realistic-week").with_cluster(nodes=nodes)
     end = float(int(time.time()) // 30 * 30)
     result = write_history(
@@ -156,7 +162,9 @@ def warm(nodes: int, hours: float, workdir: Path) -> None:
     tsdb = workdir / "warm-tsdb"
     imported = backfill(result.files, tsdb)
     shutil.rmtree(workdir / "warm-history")
-    rules = sorted(str(path) for path in RULES.glob("*.rules.yaml"))
+    rules = sorted(str(path) for path in rules_dir.glob("*.rules.yaml"))
+    if not rules:
+        raise SystemExit(f"no *.rules.yaml in {rules_dir}")
     prometheus_port = free_port()
     prometheus = PrometheusServer(
         workdir / "warm-prometheus",
@@ -177,7 +185,7 @@ def warm(nodes: int, hours: float, workdir: Path) -> None:
         # window is (almost) full of backfilled data. Measure then.
         time.sleep(150)
         print(
-            f"\nwarm rules: {nodes} nodes x 8 GPUs, {hours:g} h backfilled "
+            f"\nwarm rules ({rules_dir}): {nodes} nodes x 8 GPUs, {hours:g} h backfilled "
             f"({result.samples:,} samples, every GPU's counters; imported in {imported:.0f} s)"
         )
         amortized = rule_costs(prometheus)
@@ -200,15 +208,18 @@ def main() -> int:
     parser.add_argument("--skip-live", action="store_true")
     parser.add_argument("--warm-hours", type=float, default=0.0)
     parser.add_argument("--warm-nodes", type=int, default=512)
+    parser.add_argument(
+        "--rules", type=Path, default=RULES, help="the rule files' folder (default: alerts/)"
+    )
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="gpufleet-bench-sim-"))
     try:
         if not args.skip_history:
             history(args.days, args.nodes, args.promtool, workdir)
         if not args.skip_live:
-            live(args.live_nodes, args.live_minutes, workdir)
+            live(args.live_nodes, args.live_minutes, workdir, args.rules)
         if args.warm_hours:
-            warm(args.warm_nodes, args.warm_hours, workdir)
+            warm(args.warm_nodes, args.warm_hours, workdir, args.rules)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return 0
