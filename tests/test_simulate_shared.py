@@ -308,3 +308,37 @@ def test_a_live_node_exposes_only_its_reporting_ranks() -> None:
     values = dict(line.rsplit(" ", 1) for line in text.splitlines() if stage in line)
     steps = float(values[f"gpufleet_training_steps_total{stage}"])
     assert steps > 0 and float(values[f"gpufleet_training_split_steps_total{stage}"]) == steps
+
+
+def test_a_precursor_belongs_to_the_node_that_fails_not_the_one_before_it() -> None:
+    # A precursor leads up to a fail-stop of its slot for hours; the slot may change hands
+    # (a repair) within them. The signal from then on is the failing node's, and so is
+    # the ground truth: its page there is not a false one.
+    rates = replace(QUIET, fail_stop_per_1000_node_days=3000.0, repair_hours_median=0.5)
+    shared = SharedCluster(shapes(rates, spares=3), 5, START, 86400.0)
+    truth = shared.ground_truth(START, START + 86400, 30.0)
+    placements = defaultdict(list)
+    for p in truth["placements"]:
+        placements[(p["job"], p["slot"])].append(p)
+    precursors = [e for e in truth["episodes"] if e["kind"] == "precursor"]
+    swapped = 0
+    for job_index, job in enumerate(shared.jobs):
+        for raw in (e for e in job.timeline.episodes if e.kind == "precursor"):
+            before = shared.node_of(job_index, raw.node, raw.start)
+            swapped += before != shared.node_of(job_index, raw.node, raw.end)
+    assert precursors and swapped, "no precursor spans a change of hands: pick another seed"
+    for precursor in precursors:
+        failing = next(
+            e
+            for e in truth["episodes"]
+            if e["kind"] == "fail_stop"
+            and (e["job"], e["slot"]) == (precursor["job"], precursor["slot"])
+            and e["start"] == precursor["end"]
+        )
+        assert precursor["node"] == failing["node"], precursor
+        held = next(
+            p
+            for p in placements[(precursor["job"], precursor["slot"])]
+            if p["node"] == precursor["node"] and p["start"] <= precursor["end"] <= p["end"]
+        )
+        assert precursor["start"] >= held["start"], precursor

@@ -144,13 +144,17 @@ class SharedCluster:
         ]
         return sorted(placements, key=lambda p: (p.node, p.start))
 
-    def node_of(self, job: int, slot: int, when: float) -> int:
-        """The physical node holding ``slot`` of ``job`` at ``when``."""
+    def placement_at(self, job: int, slot: int, when: float) -> Placement:
+        """The placement of ``slot`` of ``job`` at ``when``."""
         held = self._by_slot[(job, slot)]
         for placement in held:
             if placement.start <= when < placement.end:
-                return placement.node
-        return held[0].node if when < held[0].start else held[-1].node
+                return placement
+        return held[0] if when < held[0].start else held[-1]
+
+    def node_of(self, job: int, slot: int, when: float) -> int:
+        """The physical node holding ``slot`` of ``job`` at ``when``."""
+        return self.placement_at(job, slot, when).node
 
     def uuid(self, node: int, gpu: int) -> str:
         """A physical GPU's UUID: the same whichever job the node serves."""
@@ -168,7 +172,15 @@ class SharedCluster:
                 record = episode.record(job.node_names)
                 record["job"] = job.spec.job
                 record["slot"] = episode.node
-                if episode.node is not None:
+                if episode.kind == "precursor" and episode.node is not None:
+                    # A precursor is the failing GPU's: its signal (counters on the slot)
+                    # leads up to the fail-stop of the node that holds the slot then, from
+                    # when that node took the slot (a node swapped in after a repair
+                    # carries the rest of it, not the node that left).
+                    held = self.placement_at(index, episode.node, episode.end)
+                    record["node"] = names[held.node]
+                    record["start"] = max(episode.start, held.start)
+                elif episode.node is not None:
                     record["node"] = names[self.node_of(index, episode.node, episode.start)]
                 episodes.append(record)
                 if episode.kind == "fail_stop":
