@@ -90,8 +90,8 @@ class TrainingSeries(SeriesNames):
     # the job's seconds per step over step_window, its steady step time now and over
     # its baseline, and its mean over hang_step_window
     job_step: str = "job:gpufleet_training_step_seconds:rate{step_window}"
-    # each node's data wait per step, the job's data-loader stalls per step (every node's
-    # wait above the job's least node's, summed) and its step time less them
+    # each node's data wait per step, the job's data-loader stalls per step (the most
+    # waiting node's wait above the least's) and its step time less them
     node_data_wait: str = "node:gpufleet_training_data_wait_per_step:rate{step_window}"
     job_data_stall: str = "job:gpufleet_training_data_stall_per_step:rate{step_window}"
     job_step_net: str = "job:gpufleet_training_step_seconds_less_stalls:rate{step_window}"
@@ -385,8 +385,12 @@ def training_recording(config: RulesConfig) -> list[Group]:
         # node's is what the stall added to the job's step time (storage slow for every
         # node raises the least too, and stays in the step time); a run of stalls on one
         # node after another (a small job can spend a quarter of ten minutes in them) is
-        # the input pipeline's, not a slower job. A job that times no data wait (step
-        # time only) has no stall figure, and its step time stands as it is.
+        # the input pipeline's, not a slower job. The most-waiting node's, not the sum
+        # over nodes: stalls on two nodes at once cost the job the longer one, and a sum
+        # would take more off than they added (a step time below the job's pace, which
+        # pulls its baseline down and hides a slowdown after the stalls). A job that
+        # times no data wait (step time only) has no stall figure, and its step time
+        # stands as it is.
         Record(
             series.node_data_wait,
             f"{rate_sum('gpufleet_training_data_wait_seconds_total', NODE_STAGE, step_w)}\n"
@@ -394,9 +398,8 @@ def training_recording(config: RulesConfig) -> list[Group]:
         ),
         Record(
             series.job_data_stall,
-            f"sum by (training_job) (\n  clamp_min(\n    {series.node_data_wait}\n"
-            f"    - on (training_job) group_left ()\n"
-            f"    min by (training_job) ({series.node_data_wait}),\n    0\n  )\n)",
+            f"max by (training_job) ({series.node_data_wait})\n"
+            f"- min by (training_job) ({series.node_data_wait})",
         ),
         Record(
             series.job_step_net,
