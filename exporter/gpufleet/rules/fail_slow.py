@@ -441,11 +441,18 @@ def training_recording(config: RulesConfig) -> list[Group]:
             series.node_comm_baseline,
             f"quantile_over_time({config.job_comm_baseline_quantile}, {series.node_comm}[{base_w}:2m] offset {base_o})",
         ),
-        # A node with no baseline yet (back from repair, a spare that took a slot) counts
-        # as no rise: it may be the straggler everyone else waits for.
+        # A node with no baseline yet (back from repair, a spare that took a slot) is
+        # held against its stage's median baseline: it may be the straggler everyone else
+        # waits for (its wait then is the collective's alone, no rise), or a node like any
+        # other, whose wait rises with the network (counting it as no rise left the job
+        # blind to a slow network for two hours after every repair). In a stage of no
+        # baselines at all it counts as no rise.
         Record(
             series.job_comm_rise,
             f"min by (training_job) (\n  {series.node_comm} - {series.node_comm_baseline}\n"
+            f"  or {series.node_comm}\n"
+            f"  - on ({STAGE}) group_left ()\n"
+            f"  quantile by ({STAGE}) (0.5, {series.node_comm_baseline})\n"
             f"  or {series.node_comm} * 0\n)",
         ),
         Record(
