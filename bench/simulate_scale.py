@@ -44,6 +44,14 @@ from gpufleet.simulate.history import write_history
 RULES = Path(__file__).resolve().parents[1] / "alerts"
 
 
+def rule_files(rules_dir: Path) -> list[str]:
+    """The rule files of an alerts/ folder; none is an error, not a free run."""
+    rules = sorted(str(path) for path in rules_dir.glob("*.rules.yaml"))
+    if not rules:
+        raise SystemExit(f"no *.rules.yaml in {rules_dir}")
+    return rules
+
+
 def history(days: float, nodes: int, promtool: bool, workdir: Path) -> None:
     scenario = load_scenario("realistic-week").with_cluster(nodes=nodes)
     out = workdir / "history"
@@ -68,9 +76,7 @@ def live(nodes: int, minutes: float, workdir: Path, rules_dir: Path = RULES) -> 
         workdir / "simulator.log",
     )  # fmt: skip
     simulator.start()
-    rules = sorted(str(path) for path in rules_dir.glob("*.rules.yaml"))
-    if not rules:
-        raise SystemExit(f"no *.rules.yaml in {rules_dir}")
+    rules = rule_files(rules_dir)
     prometheus_port = free_port()
     prometheus = PrometheusServer(
         workdir / "prometheus",
@@ -162,9 +168,7 @@ def warm(nodes: int, hours: float, workdir: Path, rules_dir: Path = RULES) -> No
     tsdb = workdir / "warm-tsdb"
     imported = backfill(result.files, tsdb)
     shutil.rmtree(workdir / "warm-history")
-    rules = sorted(str(path) for path in rules_dir.glob("*.rules.yaml"))
-    if not rules:
-        raise SystemExit(f"no *.rules.yaml in {rules_dir}")
+    rules = rule_files(rules_dir)
     prometheus_port = free_port()
     prometheus = PrometheusServer(
         workdir / "warm-prometheus",
@@ -212,6 +216,7 @@ def main() -> int:
         "--rules", type=Path, default=RULES, help="the rule files' folder (default: alerts/)"
     )
     args = parser.parse_args()
+    rule_files(args.rules)  # before anything starts
     workdir = Path(tempfile.mkdtemp(prefix="gpufleet-bench-sim-"))
     try:
         if not args.skip_history:
