@@ -84,6 +84,7 @@ SHAPES = {
 # time out: 15 s of them, not 3, before a node counts as down.
 FAST = RulesConfig(
     gpu_recording_interval="1s",
+    slow_recording_interval="1s",
     targets_missing_for="30s",
     exporter_down_for="15s",
     **dict.fromkeys(("xid_window", "ecc_window", "nvlink_window"), "20s"),

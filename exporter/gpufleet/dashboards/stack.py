@@ -169,8 +169,11 @@ def fed_prometheus(
         cluster = Cluster(scenario, seed, history.start, history.end - history.start)
         events = ledger_events(cluster.timeline, cluster.node_names, cluster.spec.job, seed)
         LedgerFeed(LedgerClient(ledger_url), events).post_until(history.end)
-        # Alert-only groups evaluate live (ALERTS); a fast GPU group so XIDs show at once.
-        live_rules = live_rules or RulesConfig(gpu_recording_interval="2s")
+        # Alert-only groups evaluate live (ALERTS); fast once-a-minute groups so XIDs and
+        # the slow records show at once.
+        live_rules = live_rules or RulesConfig(
+            gpu_recording_interval="2s", slow_recording_interval="2s"
+        )
         rules = write_all(workdir / "rules", live_rules)
         prometheus = PrometheusServer(
             workdir / "prometheus",

@@ -90,6 +90,6 @@ def checkpoint_groups(config: RulesConfig) -> list[Group]:
         ),
     ]
     return [
-        Group("gpufleet-checkpoint-recording", records),
+        Group("gpufleet-checkpoint-recording", records, config.slow_recording_interval),
         Group("gpufleet-checkpoint-alerts", alerts),
     ]

@@ -97,6 +97,10 @@ class RulesConfig:
     # -- GPU hardware: counters rising over 10 min to 6 h need no 15 s resolution, and this
     # group reads every GPU's series: evaluating it once a minute quarters its cost.
     gpu_recording_interval: str = "1m"
+    # -- Records over windows of 15 min to a day (a slow straggler, baselines, checkpoint
+    # figures) and those only dashboards draw: a minute changes them little; evaluated
+    # once a minute they cost a quarter, and what reads them every 15 s sees the last one.
+    slow_recording_interval: str = "1m"
     # -- GPU hardware ---------------------------------------------------------------------
     xid_window: str = "10m"
     ecc_window: str = "10m"

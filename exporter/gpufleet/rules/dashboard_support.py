@@ -88,4 +88,4 @@ def dashboard_support_group(config: RulesConfig) -> Group:
             f"  / max by (training_job, node) ({metric('gpufleet_training_ranks', agent)}) > 0\n)",
         ),
     ]
-    return Group("gpufleet-dashboard-support", rules)
+    return Group("gpufleet-dashboard-support", rules, config.slow_recording_interval)

@@ -275,47 +275,6 @@ def training_recording(config: RulesConfig) -> list[Group]:
             f"/ on ({STAGE}) group_left () {scale(rank_spread, rank_reference)}",
         ),
         Record(series.rank_excess, f"{node_rank_max} - on ({STAGE}) group_left {rank_reference}"),
-        # Subtle slowdowns (5-10%) need a longer window: over 15 minutes rank-to-rank
-        # noise and workload imbalance (sequence lengths) average out, a slow GPU does not.
-        Record(
-            slow_long,
-            f"{rate_sum('gpufleet_training_slowest_rank_compute_seconds_total', NODE_STAGE, long_w)}\n"
-            f"/ {rate_sum('gpufleet_training_slowest_rank_steps_total', NODE_STAGE, long_w)}",
-        ),
-        Record(median_long, f"quantile by ({STAGE}) (0.5, {slow_long})"),
-        Record(
-            mad_long,
-            f"quantile by ({STAGE}) (0.5, abs({slow_long} - on ({STAGE}) group_left {median_long}))",
-        ),
-        Record(series.compute_ratio_long, f"{slow_long} / on ({STAGE}) group_left {median_long}"),
-        Record(
-            series.compute_zscore_long,
-            f"({slow_long} - on ({STAGE}) group_left {median_long})\n"
-            f"/ on ({STAGE}) group_left () {scale(mad_long, median_long)}",
-        ),
-        Record(
-            series.fastest_ratio_long,
-            f"(\n  {slow_long}\n  and on ({STAGE}) ({nodes} < {config.straggler_min_peers})\n)\n"
-            f"/ on ({STAGE}) group_left () min by ({STAGE}) ({slow_long})",
-        ),
-        # A subtle straggler's GPU clocks lower than the job's median node (clock-locked,
-        # thermally or power limited); uneven work does not lower a clock. Nodes whose
-        # GPUs are not scraped get no ratio: the subtle path stays silent for them.
-        Record(
-            series.gpu_clock,
-            "min by (node) (\n  "
-            + with_node(
-                f"avg_over_time({metric(cat.SM_CLOCK.name, config.gpu_selector)}[{long_w}])",
-                config.node_labels,
-            )
-            + "\n)",
-        ),
-        Record(
-            series.clock_ratio,
-            f"({slow_long} * 0 + on (node) group_left () {series.gpu_clock})\n"
-            f"/ on (training_job) group_left ()\n"
-            f"quantile by (training_job) (0.5, {slow_long} * 0 + on (node) group_left () {series.gpu_clock})",
-        ),
         # The straggler condition without its `for`: the alert reads it, and stage
         # imbalance is silent for a stage that holds one.
         Record(series.straggler, straggler_expr(config, series)),
@@ -355,11 +314,6 @@ def training_recording(config: RulesConfig) -> list[Group]:
         Record(
             series.node_step,
             rate_sum("gpufleet_training_step_seconds_total", NODE_STAGE, step_w) + " > 0",
-        ),
-        Record(
-            node_baseline,
-            f"{rate_sum('gpufleet_training_slowest_rank_compute_seconds_total', NODE_STAGE, base_w, base_o)}\n"
-            f"/ {rate_sum('gpufleet_training_slowest_rank_steps_total', NODE_STAGE, base_w, base_o)}",
         ),
         Record(series.own_trend, f"{slow} / {node_baseline}"),
         # Relative to the whole job's median trend (all stages): a cluster-wide slowdown
@@ -409,14 +363,6 @@ def training_recording(config: RulesConfig) -> list[Group]:
             steady,
             f"quantile_over_time({q}, {series.job_step_net}[{steady_w}:1m])",
         ),
-        # The baseline is the job's pace while it stepped: minutes it did not step are left
-        # out (> 0 drops NaN). In the steady reading they stay NaN, which the quantile sorts
-        # first: minutes without steps (an eval, a stall) pull it down, never up, so the
-        # slow steps around them are not read as the job's pace.
-        Record(
-            steady_baseline,
-            f"quantile_over_time({q}, ({series.job_step_net} > 0)[{base_w}:1m] offset {base_o})",
-        ),
         # How much the job's collectives slowed: the wait of each node's slowest rank
         # (its step time less its compute and data wait) against its own baseline, the
         # least rise of any node. A rank's wait holds the collective itself and the wait
@@ -435,12 +381,6 @@ def training_recording(config: RulesConfig) -> list[Group]:
             f"- {rate_sum('gpufleet_training_slowest_rank_compute_seconds_total', NODE_STAGE, step_w)}\n"
             f"/ ({rate_sum('gpufleet_training_slowest_rank_steps_total', NODE_STAGE, step_w)} > 0)",
         ),
-        # A low quantile, not the mean: an earlier slow spell in the window must not
-        # raise the baseline (the job's collectives at their fastest are the reference).
-        Record(
-            series.node_comm_baseline,
-            f"quantile_over_time({config.job_comm_baseline_quantile}, {series.node_comm}[{base_w}:2m] offset {base_o})",
-        ),
         # A node with no baseline yet (back from repair, a spare that took a slot) is
         # held against its stage's median baseline: it may be the straggler everyone else
         # waits for (its wait then is the collective's alone, no rise), or a node like any
@@ -454,6 +394,71 @@ def training_recording(config: RulesConfig) -> list[Group]:
             f"  - on ({STAGE}) group_left ()\n"
             f"  quantile by ({STAGE}) (0.5, {series.node_comm_baseline})\n"
             f"  or {series.node_comm} * 0\n)",
+        ),
+    ]
+    # Windows of 15 minutes to 2 hours move little in a minute: evaluated once a minute
+    # (config.slow_recording_interval), at a quarter of the cost. The records and alerts
+    # that read them every 15 s see the latest minute's value.
+    long_windows = [
+        # Subtle slowdowns (5-10%) need a longer window: over 15 minutes rank-to-rank
+        # noise and workload imbalance (sequence lengths) average out, a slow GPU does not.
+        Record(
+            slow_long,
+            f"{rate_sum('gpufleet_training_slowest_rank_compute_seconds_total', NODE_STAGE, long_w)}\n"
+            f"/ {rate_sum('gpufleet_training_slowest_rank_steps_total', NODE_STAGE, long_w)}",
+        ),
+        Record(median_long, f"quantile by ({STAGE}) (0.5, {slow_long})"),
+        Record(
+            mad_long,
+            f"quantile by ({STAGE}) (0.5, abs({slow_long} - on ({STAGE}) group_left {median_long}))",
+        ),
+        Record(series.compute_ratio_long, f"{slow_long} / on ({STAGE}) group_left {median_long}"),
+        Record(
+            series.compute_zscore_long,
+            f"({slow_long} - on ({STAGE}) group_left {median_long})\n"
+            f"/ on ({STAGE}) group_left () {scale(mad_long, median_long)}",
+        ),
+        Record(
+            series.fastest_ratio_long,
+            f"(\n  {slow_long}\n  and on ({STAGE}) ({nodes} < {config.straggler_min_peers})\n)\n"
+            f"/ on ({STAGE}) group_left () min by ({STAGE}) ({slow_long})",
+        ),
+        # A subtle straggler's GPU clocks lower than the job's median node (clock-locked,
+        # thermally or power limited); uneven work does not lower a clock. Nodes whose
+        # GPUs are not scraped get no ratio: the subtle path stays silent for them.
+        Record(
+            series.gpu_clock,
+            "min by (node) (\n  "
+            + with_node(
+                f"avg_over_time({metric(cat.SM_CLOCK.name, config.gpu_selector)}[{long_w}])",
+                config.node_labels,
+            )
+            + "\n)",
+        ),
+        Record(
+            series.clock_ratio,
+            f"({slow_long} * 0 + on (node) group_left () {series.gpu_clock})\n"
+            f"/ on (training_job) group_left ()\n"
+            f"quantile by (training_job) (0.5, {slow_long} * 0 + on (node) group_left () {series.gpu_clock})",
+        ),
+        Record(
+            node_baseline,
+            f"{rate_sum('gpufleet_training_slowest_rank_compute_seconds_total', NODE_STAGE, base_w, base_o)}\n"
+            f"/ {rate_sum('gpufleet_training_slowest_rank_steps_total', NODE_STAGE, base_w, base_o)}",
+        ),
+        # The baseline is the job's pace while it stepped: minutes it did not step are left
+        # out (> 0 drops NaN). In the steady reading they stay NaN, which the quantile sorts
+        # first: minutes without steps (an eval, a stall) pull it down, never up, so the
+        # slow steps around them are not read as the job's pace.
+        Record(
+            steady_baseline,
+            f"quantile_over_time({q}, ({series.job_step_net} > 0)[{base_w}:1m] offset {base_o})",
+        ),
+        # A low quantile, not the mean: an earlier slow spell in the window must not
+        # raise the baseline (the job's collectives at their fastest are the reference).
+        Record(
+            series.node_comm_baseline,
+            f"quantile_over_time({config.job_comm_baseline_quantile}, {series.node_comm}[{base_w}:2m] offset {base_o})",
         ),
         Record(
             series.job_step_avg,
@@ -497,6 +502,7 @@ def training_recording(config: RulesConfig) -> list[Group]:
     ]
     return [
         Group("gpufleet-training-peers", peers),
+        Group("gpufleet-training-long-windows", long_windows, config.slow_recording_interval),
         Group("gpufleet-training-coverage", coverage),
         Group("gpufleet-training-trends", [*trends, *ends]),
     ]
