@@ -131,7 +131,8 @@ def straggler_expr(config: RulesConfig, series: TrainingSeries) -> str:
     has straggler_min_peers nodes, else rank level (its slowest rank against the fastest
     node's median rank) where it has straggler_min_rank_peers ranks; or subtly slower
     over straggler_subtle_window (than the stage's median node, in a small stage than its
-    fastest), slower than the node itself was, on a GPU that clocks lower than the job's.
+    fastest; or its slowest rank against the fastest node's median rank), slower than the
+    node itself was, on a GPU that clocks lower than the job's.
 
     Never in a stage that times no compute split: every rank there counts its step time
     as compute, so what differs between nodes is not compute (a node's first steps after
@@ -151,6 +152,12 @@ def straggler_expr(config: RulesConfig, series: TrainingSeries) -> str:
         f"  and {series.compute_zscore_long} > {config.straggler_zscore}\n"
         f"  and on ({STAGE}) ({nodes} >= {config.straggler_min_peers})\n"
         f"  or {series.fastest_ratio_long} > {config.straggler_subtle_ratio}\n"
+        f"  and on ({STAGE}) ({ranks} >= {config.straggler_min_rank_peers})\n"
+        # ... or, where a stage has few nodes, one GPU slower than the others of its node
+        # (a stage left with one node has no other node to compare: its ranks are peers)
+        f"  or {series.rank_ratio} > {config.straggler_subtle_ratio}\n"
+        f"  and {series.rank_zscore} > {config.straggler_zscore}\n"
+        f"  and {series.rank_excess} > {config.straggler_min_excess_seconds}\n"
         f"  and on ({STAGE}) ({ranks} >= {config.straggler_min_rank_peers})\n  )\n"
         # ... and slower than the node was itself (a node always a little slower, or a stage
         # of uneven work, never pages), on a GPU that runs slower: a replica given more work
