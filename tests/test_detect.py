@@ -246,6 +246,27 @@ class TestScore:
         )
         assert scores.recall("fail-slow communication") == 0.0
 
+    def test_a_job_page_during_a_thermal_fail_stops_lead_is_explained_by_it(
+        self, truth: dict[str, Any]
+    ) -> None:
+        hour = 3600.0
+        # n2's GPU throttles from 11 h 40 and fails at 12 h: the job slows in between.
+        truth["episodes"].append(
+            fault(6, "fail_stop", 12 * hour, 16 * hour, "n2", ["GpuFleetHwSlowdown"],
+                  cause="thermal", details={"slowdown_from": T0 + 11 * hour + 2400})
+        )  # fmt: skip
+        during = firing("GpuFleetJobSlowdown", T0 + 11 * hour + 3000, T0 + 12 * hour,
+                        training_job="llm")  # fmt: skip
+        hours_later = firing("GpuFleetJobSlowdown", T0 + 14 * hour, T0 + 14 * hour + 600,
+                             training_job="llm")  # fmt: skip
+        other_job = firing("GpuFleetJobSlowdown", T0 + 11 * hour + 3000, T0 + 12 * hour,
+                           training_job="other-job")  # fmt: skip
+        scores = score(truth, [during, hours_later, other_job])
+        explained = {(p.start, p.training_job): p.explained_by for p in scores.pages}
+        assert explained[(during.start, "llm")] == "fail_stop:6"
+        assert explained[(hours_later.start, "llm")] is None
+        assert explained[(other_job.start, "other-job")] is None
+
     def test_info_firings_are_not_pages_and_ledger_alerts_are_ignored(
         self, truth: dict[str, Any]
     ) -> None:

@@ -434,6 +434,17 @@ def _explain(firing: Firing, truth: dict[str, Any]) -> PageScore:
             ):
                 page.explained_by = f"{kind}:{episode['id']}"
                 return page
+            # A thermal or power-brake fail-stop throttles its GPU for 10-30 min before
+            # the failure: the job really is slower then, and a job that times only its
+            # steps (no compute split, so no straggler) can show it as nothing else.
+            if (
+                firing.alert == "GpuFleetJobSlowdown"
+                and kind == "fail_stop"
+                and "slowdown_from" in details
+                and _overlaps(low, float(episode["start"]) + 900, at - 900, at)
+            ):
+                page.explained_by = f"{kind}:{episode['id']}"
+                return page
             if firing.alert in ("GpuFleetCheckpointQueueBound", "GpuFleetCheckpointSlow") and (
                 kind == "checkpoint" and _overlaps(low, high + 3600, at - 3600, at)
             ):
