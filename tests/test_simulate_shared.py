@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gpufleet.detect.score import score
 from gpufleet.simulate.cluster import Cluster
 from gpufleet.simulate.config import (
     ClusterSpec,
@@ -310,17 +311,21 @@ def test_a_live_node_exposes_only_its_reporting_ranks() -> None:
     assert steps > 0 and float(values[f"gpufleet_training_split_steps_total{stage}"]) == steps
 
 
-def test_a_precursor_belongs_to_the_node_that_fails_not_the_one_before_it() -> None:
+def test_a_precursor_belongs_to_the_node_that_fails_and_explains_the_one_before_it() -> None:
     # A precursor leads up to a fail-stop of its slot for hours; the slot may change hands
     # (a repair) within them. The signal from then on is the failing node's, and so is
-    # the ground truth: its page there is not a false one.
+    # the ground truth: its page there is not a false one. The node that held the slot
+    # before showed the signal while it did: a record of its own, not scored.
     rates = replace(QUIET, fail_stop_per_1000_node_days=3000.0, repair_hours_median=0.5)
     shared = SharedCluster(shapes(rates, spares=3), 5, START, 86400.0)
     truth = shared.ground_truth(START, START + 86400, 30.0)
     placements = defaultdict(list)
     for p in truth["placements"]:
         placements[(p["job"], p["slot"])].append(p)
-    precursors = [e for e in truth["episodes"] if e["kind"] == "precursor"]
+    precursors = [
+        e for e in truth["episodes"] if e["kind"] == "precursor" and "left_slot" not in e["details"]
+    ]
+    earlier = [e for e in truth["episodes"] if e["kind"] == "precursor" and e not in precursors]
     swapped = 0
     for job_index, job in enumerate(shared.jobs):
         for raw in (e for e in job.timeline.episodes if e.kind == "precursor"):
@@ -342,3 +347,24 @@ def test_a_precursor_belongs_to_the_node_that_fails_not_the_one_before_it() -> N
             if p["node"] == precursor["node"] and p["start"] <= precursor["end"] <= p["end"]
         )
         assert precursor["start"] >= held["start"], precursor
+    assert earlier, "no precursor spans a change of hands"
+    for part in earlier:
+        # the failing node's record of the same precursor: the next on the slot
+        whole = min(
+            (
+                p
+                for p in precursors
+                if (p["job"], p["slot"]) == (part["job"], part["slot"])
+                and p["start"] >= part["end"]
+            ),
+            key=lambda p: p["start"],
+        )
+        assert part["end"] <= whole["start"], part
+        assert any(
+            p["node"] == part["node"] and p["start"] <= part["start"] and part["end"] <= p["end"]
+            for p in placements[(part["job"], part["slot"])]
+        ), part
+    scores = score(truth, [])
+    assert {e.klass for e in scores.episodes if e.kind == "precursor" and not e.scored} >= {
+        "precursor (on a node that left the slot)"
+    }

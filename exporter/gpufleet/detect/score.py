@@ -292,6 +292,10 @@ def _classify(
         if scored and _training_seconds(episode, truth) < needed:
             scored = False
             note = f"the job was not training for {needed / 60:.0f} minutes of it"
+    elif kind == "precursor" and (episode.get("details") or {}).get("left_slot"):
+        # its signal on a node that held the failing slot earlier: explains that node's
+        # pages, leads up to no failure of its own
+        klass, scored = "precursor (on a node that left the slot)", False
     elif kind == "precursor":
         klass, scored = "precursor", True
     else:

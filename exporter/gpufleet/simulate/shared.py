@@ -180,6 +180,20 @@ class SharedCluster:
                     held = self.placement_at(index, episode.node, episode.end)
                     record["node"] = names[held.node]
                     record["start"] = max(episode.start, held.start)
+                    # The nodes that held the slot earlier in it showed the signal too
+                    # while they did: a record of their own each, context for their
+                    # pages, not a precursor of any failure to be found.
+                    for earlier in self._by_slot[(index, episode.node)]:
+                        if earlier.start < held.start and earlier.end > episode.start:
+                            episodes.append(
+                                {
+                                    **record,
+                                    "node": names[earlier.node],
+                                    "start": max(episode.start, earlier.start),
+                                    "end": min(episode.end, earlier.end),
+                                    "details": {**record["details"], "left_slot": True},
+                                }
+                            )
                 elif episode.node is not None:
                     record["node"] = names[self.node_of(index, episode.node, episode.start)]
                 episodes.append(record)
