@@ -188,9 +188,9 @@ class RulesConfig:
     # The steady step time must stay above the ratio this long before the `for` starts:
     # it is the slowest of every GPU each step, and grazes the ratio now and then.
     job_slowdown_hold_window: str = "5m"
-    # The job's least collective wait per step rose over its least baseline by at least
-    # this share of the job's step time: a slow network (the least wait is the one the
-    # others wait for: waiting for one slow or stalled peer does not count).
+    # Every node's collective wait per step rose over its own baseline by at least this
+    # share of the job's step time: a slow network (the least rise of any node, so
+    # waiting for one slow or stalled peer does not count).
     job_comm_step_share: float = 0.04
     # Each node's collective baseline: this quantile of its step_window waits over the
     # baseline window (the mean would carry an earlier slow spell in the window).

@@ -101,7 +101,7 @@ class TrainingSeries(SeriesNames):
     job_steady_baseline: str = "job:gpufleet_training_step_seconds_less_stalls:p{slowdown_percent}_baseline{baseline_window}"
     job_step_avg: str = "job:gpufleet_training_step_seconds:avg{hang_step_window}"
     # each node's slowest rank's wait per step (collectives, pipeline bubbles), its
-    # baseline, and the job's least wait over its least baseline
+    # baseline, and the job's least rise over it
     node_comm: str = "node:gpufleet_training_slowest_rank_wait_per_step:rate{step_window}"
     node_comm_baseline: str = (
         "node:gpufleet_training_slowest_rank_wait_per_step:baseline{baseline_window}"
@@ -371,8 +371,8 @@ def training_recording(config: RulesConfig) -> list[Group]:
             f"quantile_over_time({q}, {series.job_step_net}[{steady_w}:1m])",
         ),
         # How much the job's collectives slowed: the wait of each node's slowest rank
-        # (its step time less its compute and data wait), the least of any node against
-        # the least baseline (below). A rank's wait holds the collective itself and the wait
+        # (its step time less its compute and data wait) against its own baseline, the
+        # least rise of any node. A rank's wait holds the collective itself and the wait
         # for slower ranks (a straggler, another node's data-loader stall, a heavier
         # stage): those raise other ranks' wait, never that of the rank everyone waited
         # for, whose wait is the collective's own; a slow link or switch raises every
@@ -388,18 +388,19 @@ def training_recording(config: RulesConfig) -> list[Group]:
             f"- {rate_sum('gpufleet_training_slowest_rank_compute_seconds_total', NODE_STAGE, step_w)}\n"
             f"/ ({rate_sum('gpufleet_training_slowest_rank_steps_total', NODE_STAGE, step_w)} > 0)",
         ),
-        # The job's least wait now over its least baseline: the node that waits least is
-        # the one everyone waits for, and its wait is the collectives' own, whichever node
-        # that is. Node by node (each against its own baseline) a straggler in a stage
-        # that used to wait for a slower stage lost that wait when it became the slowest,
-        # and its fall hid a slow link beside it (tuning seed 955). A node with no
-        # baseline yet (back from repair, a spare) needs none; a job with no baselines at
-        # all has no rise.
+        # A node with no baseline yet (back from repair, a spare that took a slot) is
+        # held against its stage's median baseline: it may be the straggler everyone else
+        # waits for (its wait then is the collective's alone, no rise), or a node like any
+        # other, whose wait rises with the network (counting it as no rise left the job
+        # blind to a slow network for two hours after every repair). In a stage of no
+        # baselines at all it counts as no rise.
         Record(
             series.job_comm_rise,
-            f"min by (training_job) ({series.node_comm})\n"
-            f"- (min by (training_job) ({series.node_comm_baseline})"
-            f" or min by (training_job) ({series.node_comm}))",
+            f"min by (training_job) (\n  {series.node_comm} - {series.node_comm_baseline}\n"
+            f"  or {series.node_comm}\n"
+            f"  - on ({STAGE}) group_left ()\n"
+            f"  quantile by ({STAGE}) (0.5, {series.node_comm_baseline})\n"
+            f"  or {series.node_comm} * 0\n)",
         ),
     ]
     # Windows of 15 minutes to 2 hours move little in a minute: evaluated once a minute
@@ -566,7 +567,7 @@ def training_alerts(config: RulesConfig) -> Group:
             f"  > {config.job_slowdown_ratio}\n"
             f"  unless on (training_job) max by (training_job) ({ratio}) > {config.straggler_ratio}\n"
             f"  unless on (training_job) count by (training_job) ({series.straggler})\n"
-            # The rise of the job's least slowest-rank wait is steadier and sees a slow
+            # The least rise of any node's slowest-rank wait is steadier and sees a slow
             # network at once, as a share of the step time; a straggler does not raise it
             # (the straggler waits for no one), so it stands while a node straggles.
             f"  or on (training_job)\n"
