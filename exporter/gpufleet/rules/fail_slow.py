@@ -138,14 +138,22 @@ def straggler_expr(config: RulesConfig, series: TrainingSeries) -> str:
     as compute, so what differs between nodes is not compute (a node's first steps after
     it joined the job, steps held for the others)."""
     nodes, ranks = series.stage_nodes, series.stage_ranks
+
+    def rank_level(ratio: float) -> str:
+        """A small stage's node whose slowest rank is ``ratio`` times the fastest node's
+        median rank, by a z-score and a least excess a step."""
+        return (
+            f"{series.rank_ratio} > {ratio}\n"
+            f"  and {series.rank_zscore} > {config.straggler_zscore}\n"
+            f"  and {series.rank_excess} > {config.straggler_min_excess_seconds}\n"
+            f"  and on ({STAGE}) ({ranks} >= {config.straggler_min_rank_peers})"
+        )
+
     return (
         f"(\n  (\n  {series.compute_ratio} > {config.straggler_ratio}\n"
         f"  and {series.compute_zscore} > {config.straggler_zscore}\n"
         f"  and on ({STAGE}) ({nodes} >= {config.straggler_min_peers})\n  )\n  or (\n"
-        f"  {series.rank_ratio} > {config.straggler_ratio}\n"
-        f"  and {series.rank_zscore} > {config.straggler_zscore}\n"
-        f"  and {series.rank_excess} > {config.straggler_min_excess_seconds}\n"
-        f"  and on ({STAGE}) ({ranks} >= {config.straggler_min_rank_peers})\n  )\n  or (\n"
+        f"  {rank_level(config.straggler_ratio)}\n  )\n  or (\n"
         # a subtle slowdown, over a longer window: against the stage's median node, or in a
         # stage of few nodes against its fastest node (no spread to measure a z-score by) ...
         f"  (\n  {series.compute_ratio_long} > {config.straggler_subtle_ratio}\n"
@@ -155,10 +163,7 @@ def straggler_expr(config: RulesConfig, series: TrainingSeries) -> str:
         f"  and on ({STAGE}) ({ranks} >= {config.straggler_min_rank_peers})\n"
         # ... or, where a stage has few nodes, one GPU slower than the others of its node
         # (a stage left with one node has no other node to compare: its ranks are peers)
-        f"  or {series.rank_ratio} > {config.straggler_subtle_ratio}\n"
-        f"  and {series.rank_zscore} > {config.straggler_zscore}\n"
-        f"  and {series.rank_excess} > {config.straggler_min_excess_seconds}\n"
-        f"  and on ({STAGE}) ({ranks} >= {config.straggler_min_rank_peers})\n  )\n"
+        f"  or {rank_level(config.straggler_subtle_ratio)}\n  )\n"
         # ... and slower than the node was itself (a node always a little slower, or a stage
         # of uneven work, never pages), on a GPU that runs slower: a replica given more work
         # (longer sequences) computes longer on GPUs clocked like everyone else's
