@@ -389,6 +389,20 @@ def _holder(node: str, when: float, truth: dict[str, Any]) -> str | None:
     return None
 
 
+def _slowed_job(episode: dict[str, Any]) -> tuple[float, float] | None:
+    """When an episode made its job slower, if it did: a fail-slow or a cluster-wide
+    slowdown while it lasts; a thermal or power-brake fail-stop over its lead, the
+    10-30 min its GPU throttles before the failure (a job that times only its steps can
+    show that as nothing but a slower job)."""
+    kind, start = episode["kind"], float(episode["start"])
+    if kind in ("fail_slow_compute", "fail_slow_comm", "cluster_slowdown"):
+        return start, float(episode["end"])
+    lead = (episode.get("details") or {}).get("slowdown_from")
+    if kind == "fail_stop" and lead is not None:
+        return float(lead), start
+    return None
+
+
 def _overlaps(a0: float, a1: float, b0: float, b1: float) -> bool:
     return a0 <= b1 and b0 <= a1
 
@@ -426,26 +440,11 @@ def _explain(firing: Firing, truth: dict[str, Any]) -> PageScore:
             if kind in ("fail_slow_comm",) and low <= at <= high + 600:
                 continue
         elif _job_of(episode, truth) == job:
+            slowed = _slowed_job(episode)
             if (
                 firing.alert == "GpuFleetJobSlowdown"
-                and kind
-                in (
-                    "fail_slow_compute",
-                    "fail_slow_comm",
-                    "cluster_slowdown",
-                )
-                and _overlaps(low, high + 900, at - 900, at)
-            ):
-                page.explained_by = f"{kind}:{episode['id']}"
-                return page
-            # A thermal or power-brake fail-stop throttles its GPU for 10-30 min before
-            # the failure: the job really is slower then, and a job that times only its
-            # steps (no compute split, so no straggler) can show it as nothing else.
-            if (
-                firing.alert == "GpuFleetJobSlowdown"
-                and kind == "fail_stop"
-                and "slowdown_from" in details
-                and _overlaps(low, float(episode["start"]) + 900, at - 900, at)
+                and slowed is not None
+                and _overlaps(slowed[0], slowed[1] + 900, at - 900, at)
             ):
                 page.explained_by = f"{kind}:{episode['id']}"
                 return page
