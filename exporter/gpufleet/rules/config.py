@@ -184,6 +184,12 @@ class RulesConfig:
     # window do not move it; a slowdown that covers all of it does.
     job_slowdown_quantile: float = 0.25
     job_slowdown_window: str = "10m"
+    # A job that times no data wait (step time only) has no stall figure to take off:
+    # its steady step time is its fastest 2-minute stretch over this window (with the
+    # alert's hold, over 10 minutes), and its baseline this quantile over the baseline
+    # window (about the least of as many stretches as the steady reading takes).
+    job_slowdown_untimed_window: str = "5m"
+    job_slowdown_untimed_baseline_quantile: float = 0.05
     job_slowdown_for: str = "3m"
     # The steady step time must stay above the ratio this long before the `for` starts:
     # it is the slowest of every GPU each step, and grazes the ratio now and then.
@@ -192,9 +198,13 @@ class RulesConfig:
     # share of the job's step time: a slow network (the least rise of any node, so
     # waiting for one slow or stalled peer does not count).
     job_comm_step_share: float = 0.04
-    # Each node's collective baseline: this quantile of its step_window waits over the
-    # baseline window (the mean would carry an earlier slow spell in the window).
+    # Each node's collective baseline: this quantile of its step_window waits (one each
+    # resolution) over the window ending baseline_offset ago; the mean would carry an
+    # earlier slow spell. A longer window than the compute baselines': a slow link that
+    # lasts two hours must keep paging, and so must the next one after it.
     job_comm_baseline_quantile: float = 0.1
+    job_comm_baseline_window: str = "4h"
+    job_comm_baseline_resolution: str = "4m"
     stage_imbalance_ratio: float = 1.20
     stage_imbalance_for: str = "30m"
     hang_step_multiple: float = 10.0
@@ -290,7 +300,7 @@ def _check_value(name: str, value: Any, default: Any, source: str) -> Any:
         return "off"  # YAML reads an unquoted off as false
     if not isinstance(value, str):
         raise ConfigError(f"{where} must be a string, got {value!r}")
-    durations = ("_window", "_for", "_memory", "_offset", "_after", "_interval")
+    durations = ("_window", "_for", "_memory", "_offset", "_after", "_interval", "_resolution")
     if name.endswith(durations) and not _DURATION.fullmatch(value):
         raise ConfigError(f"{where} must be a Prometheus duration such as 5m or 1h, got {value!r}")
     if name == "runbook_url" and (

@@ -95,16 +95,16 @@ class TrainingSeries(SeriesNames):
     node_data_wait: str = "node:gpufleet_training_data_wait_per_step:rate{step_window}"
     job_data_stall: str = "job:gpufleet_training_data_stall_per_step:rate{step_window}"
     job_step_net: str = "job:gpufleet_training_step_seconds_less_stalls:rate{step_window}"
-    job_steady: str = (
-        "job:gpufleet_training_step_seconds_less_stalls:p{slowdown_percent}_{job_slowdown_window}"
+    job_steady: str = "job:gpufleet_training_step_seconds_less_stalls:steady{job_slowdown_window}"
+    job_steady_baseline: str = (
+        "job:gpufleet_training_step_seconds_less_stalls:steady_baseline{baseline_window}"
     )
-    job_steady_baseline: str = "job:gpufleet_training_step_seconds_less_stalls:p{slowdown_percent}_baseline{baseline_window}"
     job_step_avg: str = "job:gpufleet_training_step_seconds:avg{hang_step_window}"
     # each node's slowest rank's wait per step (collectives, pipeline bubbles), its
     # baseline, and the job's least rise over it
     node_comm: str = "node:gpufleet_training_slowest_rank_wait_per_step:rate{step_window}"
     node_comm_baseline: str = (
-        "node:gpufleet_training_slowest_rank_wait_per_step:baseline{baseline_window}"
+        "node:gpufleet_training_slowest_rank_wait_per_step:baseline{job_comm_baseline_window}"
     )
     job_comm_rise: str = "job:gpufleet_training_slowest_rank_wait_per_step:min_rise{step_window}"
     data_wait_share: str = "node:gpufleet_training_data_wait_share:rate{data_wait_window}"
@@ -113,10 +113,6 @@ class TrainingSeries(SeriesNames):
     last_step: str = "node:gpufleet_training_last_step_timestamp:max{hang_memory}"
     finished: str = "node:gpufleet_training_finished_timestamp:last{hang_memory}"
     unfinished: str = "node:gpufleet_training_unfinished_last_step_timestamp:max{hang_memory}"
-
-    @classmethod
-    def derived(cls, config: RulesConfig) -> dict[str, object]:
-        return {"slowdown_percent": round(config.job_slowdown_quantile * 100)}
 
 
 def peer_ratio_expr(series: TrainingSeries) -> str:
@@ -228,6 +224,8 @@ def training_recording(config: RulesConfig) -> list[Group]:
     long_w = config.straggler_subtle_window
     floor = config.mad_floor
     base_w, base_o = config.baseline_window, config.baseline_offset
+    # jobs whose ranks time their data wait (a job that reports step time only does not)
+    timed_data_wait = f"(max by (training_job) ({series.node_data_wait}) > 0)"
 
     def scale(spread: str, center: str) -> str:
         return f"((1.4826 * {spread} > {center} * {floor}) or ({center} * {floor}))"
@@ -371,9 +369,15 @@ def training_recording(config: RulesConfig) -> list[Group]:
             series.job_step_net,
             f"{series.job_step}\n- ({series.job_data_stall} or {series.job_step} * 0)",
         ),
+        # A job that times no data wait has no stall figure: a run of stalls raises its
+        # step time as a slowdown does. Between stalls it steps at its pace, so its
+        # steady step time is its fastest 2-minute stretch instead, held by the alert:
+        # a slowdown raises every stretch; stalls leave one clean now and then.
         Record(
             steady,
-            f"quantile_over_time({q}, {series.job_step_net}[{steady_w}:1m])",
+            f"quantile_over_time({q}, {series.job_step_net}[{steady_w}:1m])\n"
+            f"and on (training_job) {timed_data_wait}\n"
+            f"or quantile_over_time(0, {series.job_step_net}[{config.job_slowdown_untimed_window}:30s])",
         ),
         # How much the job's collectives slowed: the wait of each node's slowest rank
         # (its step time less its compute and data wait) against its own baseline, the
@@ -464,13 +468,17 @@ def training_recording(config: RulesConfig) -> list[Group]:
         # slow steps around them are not read as the job's pace.
         Record(
             steady_baseline,
-            f"quantile_over_time({q}, ({series.job_step_net} > 0)[{base_w}:1m] offset {base_o})",
+            f"quantile_over_time({q}, ({series.job_step_net} > 0)[{base_w}:1m] offset {base_o})\n"
+            f"and on (training_job) {timed_data_wait}\n"
+            f"or quantile_over_time({config.job_slowdown_untimed_baseline_quantile}, "
+            f"({series.job_step_net} > 0)[{base_w}:1m] offset {base_o})",
         ),
         # A low quantile, not the mean: an earlier slow spell in the window must not
         # raise the baseline (the job's collectives at their fastest are the reference).
         Record(
             series.node_comm_baseline,
-            f"quantile_over_time({config.job_comm_baseline_quantile}, {series.node_comm}[{base_w}:2m] offset {base_o})",
+            f"quantile_over_time({config.job_comm_baseline_quantile}, {series.node_comm}"
+            f"[{config.job_comm_baseline_window}:{config.job_comm_baseline_resolution}] offset {base_o})",
         ),
         Record(
             series.job_step_avg,
