@@ -397,15 +397,24 @@ def training_recording(config: RulesConfig) -> list[Group]:
             f"- {rate_sum('gpufleet_training_slowest_rank_compute_seconds_total', NODE_STAGE, step_w)}\n"
             f"/ ({rate_sum('gpufleet_training_slowest_rank_steps_total', NODE_STAGE, step_w)} > 0)",
         ),
-        # A node with no baseline yet (back from repair, a spare that took a slot) is
-        # held against its stage's median baseline: it may be the straggler everyone else
-        # waits for (its wait then is the collective's alone, no rise), or a node like any
-        # other, whose wait rises with the network (counting it as no rise left the job
-        # blind to a slow network for two hours after every repair). In a stage of no
-        # baselines at all it counts as no rise.
+        # A straggler is held against the job's least baseline, not its own: a node of a
+        # lighter stage waited for the heavier one as well as for the collective, and
+        # loses that wait when it becomes the slowest, so its own rise went negative and,
+        # the least of any node, hid a slow network. The least baseline is the wait of
+        # a node everyone else waited for: the collective's alone, as the straggler's
+        # now. A node with no baseline yet (back from repair, a spare that took a slot)
+        # is held against its stage's median baseline: it may be the straggler everyone
+        # else waits for (its wait then is the collective's alone, no rise), or a node
+        # like any other, whose wait rises with the network (counting it as no rise left
+        # the job blind to a slow network for two hours after every repair). In a stage
+        # of no baselines at all it counts as no rise.
         Record(
             series.job_comm_rise,
             f"min by (training_job) (\n  {series.node_comm} - {series.node_comm_baseline}\n"
+            f"  unless on ({NODE_STAGE}) {series.straggler}\n"
+            f"  or ({series.node_comm} and on ({NODE_STAGE}) {series.straggler})\n"
+            f"  - on (training_job) group_left ()\n"
+            f"  min by (training_job) ({series.node_comm_baseline})\n"
             f"  or {series.node_comm}\n"
             f"  - on ({STAGE}) group_left ()\n"
             f"  quantile by ({STAGE}) (0.5, {series.node_comm_baseline})\n"
