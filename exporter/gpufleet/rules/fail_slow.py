@@ -552,7 +552,11 @@ def training_alerts(config: RulesConfig) -> Group:
     rules: list[Record | Alert] = [
         Alert(
             "GpuFleetStragglerNode",
-            f"{series.straggler}\nunless on ({NODE_STAGE}) (\n  {replica_work}\n)",
+            # Not a node that a replica's extra work explains, unless its GPU clocks lower
+            # than the job's median node: more work runs at full clock, a slow GPU does not
+            # (a replica given 13% more work hid a node 13% slower on 506).
+            f"{series.straggler}\nunless on ({NODE_STAGE}) (\n  {replica_work}\n"
+            f"  unless on ({NODE_STAGE}) {series.clock_ratio} < {config.straggler_subtle_clock_ratio}\n)",
             "warning",
             "A node computes persistently slower than its peers in the same pipeline stage.",
             f'{JOB_NODE} computes {{{{ $value | printf "%.2f" }}}}x its stage peers (the '
