@@ -371,3 +371,37 @@ def test_a_precursor_belongs_to_the_node_that_fails_and_explains_the_one_before_
     assert {e.klass for e in scores.episodes if e.kind == "precursor" and not e.scored} >= {
         "precursor (on a node that left the slot)"
     }
+
+
+def test_a_slow_gpu_or_link_leaves_with_its_node_and_never_slows_the_next_holder() -> None:
+    # A node pulled from its job for a fail-stop takes its slowness to the repair bench;
+    # the slot comes back on another node, a healthy one. (The simulator kept slowing the
+    # slot, and the ground truth named the node that had left: on seed 509 the spare that
+    # took the slot paged as a straggler, scored as a false node page.)
+    rates = replace(
+        QUIET,
+        fail_stop_per_1000_node_days=3000.0,
+        repair_hours_median=0.5,
+        fail_slow_compute_per_node_day=6.0,
+        fail_slow_comm_per_node_day=3.0,
+        compute_mean_minutes=240.0,
+    )
+    shared = SharedCluster(shapes(rates, spares=3), 5, START, 86400.0)
+    truth = shared.ground_truth(START, START + 86400, 30.0)
+    slow = [e for e in truth["episodes"] if e["kind"].startswith("fail_slow")]
+    cut = 0
+    for episode in slow:
+        held = [
+            p
+            for p in truth["placements"]
+            if (p["job"], p["slot"], p["node"])
+            == (episode["job"], episode["slot"], episode["node"])
+            and p["start"] <= episode["start"] < p["end"]
+        ]
+        assert held and min(episode["end"], truth["end"]) <= held[0]["end"], episode
+        cut += any(
+            x["node"] == episode["node"] and x["start"] == episode["end"]
+            for x in truth["episodes"]
+            if x["kind"] == "fail_stop"
+        )
+    assert cut, "no slow episode ran into its node's fail-stop: pick another seed"

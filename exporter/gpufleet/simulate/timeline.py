@@ -7,6 +7,7 @@ the same failures on the same nodes at the same times.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -112,6 +113,10 @@ class TimelineBuilder:
 
     def excluded(self, node: int, when: float) -> bool:
         return any(start <= when < end for start, end in self._excluded[node])
+
+    def next_exclusion(self, node: int, when: float) -> float:
+        """When ``node`` is next excluded after ``when`` (inf if never)."""
+        return min((start for start, _ in self._excluded[node] if start > when), default=math.inf)
 
     def stalled(self, when: float) -> bool:
         return any(w.start <= when < w.end for w in self.timeline.stalls)
@@ -363,7 +368,11 @@ class TimelineBuilder:
                         Episode(
                             kind,
                             when,
-                            when + duration,
+                            # A slow GPU or link is the node's: pulled from the job for a
+                            # fail-stop, it takes its slowness to the repair bench, and the
+                            # slot comes back on a healthy node (in a shared cluster,
+                            # another one).
+                            min(when + duration, self.next_exclusion(node, when)),
                             node,
                             int(rng.integers(self.gpus))
                             if kind == Kind.FAIL_SLOW_COMPUTE
