@@ -573,7 +573,11 @@ def training_alerts(config: RulesConfig) -> Group:
             f"{series.baseline_ratio} > {config.baseline_ratio}\n"
             f"and on ({NODE_STAGE}) {series.stepping}\n"
             f"unless on ({NODE_STAGE}) {ratio} > {config.straggler_ratio}\n"
-            f"unless on ({NODE_STAGE}) (\n  {replica_work}\n)",
+            f"unless on ({NODE_STAGE}) (\n  {replica_work}\n)\n"
+            # Nor in a stage that times no compute split, where a node's "compute" is its
+            # step time, the same on every rank: what moves it against its own baseline is
+            # the job (a spare that joined in a fast hour), not the node.
+            f'unless on ({STAGE}) {series.detection_active}{{reason="no_compute_split"}}',
             "warning",
             "A node computes slower than it did itself, relative to the rest of the job.",
             f'{JOB_NODE} computes {{{{ $value | printf "%.2f" }}}}x its own recent baseline '
