@@ -224,8 +224,17 @@ def training_recording(config: RulesConfig) -> list[Group]:
     long_w = config.straggler_subtle_window
     floor = config.mad_floor
     base_w, base_o = config.baseline_window, config.baseline_offset
-    # jobs whose ranks time their data wait (a job that reports step time only does not)
-    timed_data_wait = f"(max by (training_job) ({series.node_data_wait}) > 0)"
+    # The job's step times less stalls over its baseline window, minutes without a step
+    # left out (> 0 drops NaN).
+    stepped = f"({series.job_step_net} > 0)[{base_w}:1m] offset {base_o}"
+
+    def by_data_timing(timed: str, untimed: str) -> str:
+        """``timed`` for jobs whose ranks time their data wait, ``untimed`` for the others
+        (a job that reports step time only)."""
+        return (
+            f"{timed}\nand on (training_job) (max by (training_job) ({series.node_data_wait}) > 0)\n"
+            f"or {untimed}"
+        )
 
     def scale(spread: str, center: str) -> str:
         return f"((1.4826 * {spread} > {center} * {floor}) or ({center} * {floor}))"
@@ -375,9 +384,10 @@ def training_recording(config: RulesConfig) -> list[Group]:
         # a slowdown raises every stretch; stalls leave one clean now and then.
         Record(
             steady,
-            f"quantile_over_time({q}, {series.job_step_net}[{steady_w}:1m])\n"
-            f"and on (training_job) {timed_data_wait}\n"
-            f"or quantile_over_time(0, {series.job_step_net}[{config.job_slowdown_untimed_window}:30s])",
+            by_data_timing(
+                f"quantile_over_time({q}, {series.job_step_net}[{steady_w}:1m])",
+                f"quantile_over_time(0, {series.job_step_net}[{config.job_slowdown_untimed_window}:30s])",
+            ),
         ),
         # How much the job's collectives slowed: the wait of each node's slowest rank
         # (its step time less its compute and data wait) against its own baseline, the
@@ -477,10 +487,10 @@ def training_recording(config: RulesConfig) -> list[Group]:
         # slow steps around them are not read as the job's pace.
         Record(
             steady_baseline,
-            f"quantile_over_time({q}, ({series.job_step_net} > 0)[{base_w}:1m] offset {base_o})\n"
-            f"and on (training_job) {timed_data_wait}\n"
-            f"or quantile_over_time({config.job_slowdown_untimed_baseline_quantile}, "
-            f"({series.job_step_net} > 0)[{base_w}:1m] offset {base_o})",
+            by_data_timing(
+                f"quantile_over_time({q}, {stepped})",
+                f"quantile_over_time({config.job_slowdown_untimed_baseline_quantile}, {stepped})",
+            ),
         ),
         # A low quantile, not the mean: an earlier slow spell in the window must not
         # raise the baseline (the job's collectives at their fastest are the reference).
