@@ -190,6 +190,9 @@ class RulesConfig:
     # window (about the least of as many stretches as the steady reading takes).
     job_slowdown_untimed_window: str = "5m"
     job_slowdown_untimed_baseline_quantile: float = 0.05
+    # The steady baseline needs this many stepped minutes in its window: a job's first
+    # minutes (warming up, or counters just started) are no pace to hold it to.
+    job_slowdown_baseline_min_minutes: int = 30
     job_slowdown_for: str = "3m"
     # The steady step time must stay above the ratio this long before the `for` starts:
     # it is the slowest of every GPU each step, and grazes the ratio now and then.
@@ -198,6 +201,12 @@ class RulesConfig:
     # share of the job's step time: a slow network (the least rise of any node, so
     # waiting for one slow or stalled peer does not count).
     job_comm_step_share: float = 0.04
+    # Another node's data-loader stall raises every node's wait but its own; stalls on
+    # several nodes in one step_window raise every node's. Each node's wait has the
+    # other nodes' stalls taken off: a node's data wait per step above the job's least
+    # node's, where it exceeds this share of the job's step time (below it, a loader's
+    # jitter, which summed over a big job's nodes would hide a slow network).
+    job_comm_stall_floor: float = 0.01
     # Each node's collective baseline: this quantile of its step_window waits (one each
     # resolution) over the window ending baseline_offset ago; the mean would carry an
     # earlier slow spell. A longer window than the compute baselines': a slow link that

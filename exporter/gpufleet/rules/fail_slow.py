@@ -107,6 +107,10 @@ class TrainingSeries(SeriesNames):
         "node:gpufleet_training_slowest_rank_wait_per_step:baseline{job_comm_baseline_window}"
     )
     job_comm_rise: str = "job:gpufleet_training_slowest_rank_wait_per_step:min_rise{step_window}"
+    # each node's data-loader stalls per step (its data wait above the job's least node's,
+    # where more than a loader's jitter), and those of the other nodes of its job
+    node_data_stall: str = "node:gpufleet_training_data_stall_per_step:rate{step_window}"
+    others_data_stall: str = "node:gpufleet_training_others_data_stall_per_step:rate{step_window}"
     data_wait_share: str = "node:gpufleet_training_data_wait_share:rate{data_wait_window}"
     data_wait_median: str = "stage:gpufleet_training_data_wait_share:median{data_wait_window}"
     # the hang detector's memory of each node-stage's last step and finish
@@ -418,9 +422,28 @@ def training_recording(config: RulesConfig) -> list[Group]:
         # like any other, whose wait rises with the network (counting it as no rise left
         # the job blind to a slow network for two hours after every repair). In a stage
         # of no baselines at all it counts as no rise.
+        # A node's wait holds every other node's data-loader stall in its step_window: in
+        # a lock-step job each stall stops all ranks but the stalled one's. Stalls on
+        # node after node within two minutes (a run of them on a small job) raise every
+        # node's wait, the least rise too, as a slow network would: each node's has the
+        # others' stalls taken off. Stalls on two nodes at once cost the job the longer
+        # one only, so this takes off more than they added: while they overlap, a slow
+        # network shows less, never more.
+        Record(
+            series.node_data_stall,
+            f"(\n  {series.node_data_wait}\n"
+            f"  - on (training_job) group_left () min by (training_job) ({series.node_data_wait})\n)\n"
+            f"> on (training_job) group_left () ({series.job_step} * {config.job_comm_stall_floor})",
+        ),
+        Record(
+            series.others_data_stall,
+            f"sum by (training_job) ({series.node_data_stall})\n"
+            f"- on (training_job) group_right ()\n"
+            f"({series.node_data_stall} or {series.node_data_wait} * 0)",
+        ),
         Record(
             series.job_comm_rise,
-            f"min by (training_job) (\n  {series.node_comm} - {series.node_comm_baseline}\n"
+            f"min by (training_job) (\n  (\n  {series.node_comm} - {series.node_comm_baseline}\n"
             f"  unless on ({NODE_STAGE}) {series.straggler}\n"
             f"  or ({series.node_comm} and on ({NODE_STAGE}) {series.straggler})\n"
             f"  - on (training_job) group_left ()\n"
@@ -428,7 +451,8 @@ def training_recording(config: RulesConfig) -> list[Group]:
             f"  or {series.node_comm}\n"
             f"  - on ({STAGE}) group_left ()\n"
             f"  quantile by ({STAGE}) (0.5, {series.node_comm_baseline})\n"
-            f"  or {series.node_comm} * 0\n)",
+            f"  or {series.node_comm} * 0\n  )\n"
+            f"  - on ({NODE_STAGE}) ({series.others_data_stall} or {series.node_comm} * 0)\n)",
         ),
     ]
     # Windows of 15 minutes to 2 hours move little in a minute: evaluated once a minute
@@ -487,10 +511,12 @@ def training_recording(config: RulesConfig) -> list[Group]:
         # slow steps around them are not read as the job's pace.
         Record(
             steady_baseline,
-            by_data_timing(
+            "(\n"
+            + by_data_timing(
                 f"quantile_over_time({q}, {stepped})",
                 f"quantile_over_time({config.job_slowdown_untimed_baseline_quantile}, {stepped})",
-            ),
+            )
+            + f"\n)\nand on (training_job) count_over_time({stepped}) >= {config.job_slowdown_baseline_min_minutes}",
         ),
         # A low quantile, not the mean: an earlier slow spell in the window must not
         # raise the baseline (the job's collectives at their fastest are the reference).
