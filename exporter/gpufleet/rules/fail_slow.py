@@ -192,10 +192,13 @@ def replica_imbalance_expr(config: RulesConfig, series: TrainingSeries) -> str:
 
 def replica_work_expr(config: RulesConfig, series: TrainingSeries) -> str:
     """Nodes no slower than the replica's floor allows, while a replica is imbalanced:
-    its work, not slow hardware."""
+    its work, not slow hardware. Not a node whose GPU clocks lower than the job's median
+    node: more work runs at full clock, a slow GPU does not (a replica given 13% more
+    work hid a node 13% slower on 506)."""
     return (
         f"{peer_ratio_expr(series)}\n<= on (training_job) group_left ()\n"
-        f"({replica_imbalance_expr(config, series)}) * {config.replica_match_ratio}"
+        f"({replica_imbalance_expr(config, series)}) * {config.replica_match_ratio}\n"
+        f"unless on ({NODE_STAGE}) {series.clock_ratio} < {config.straggler_subtle_clock_ratio}"
     )
 
 
@@ -588,11 +591,8 @@ def training_alerts(config: RulesConfig) -> Group:
     rules: list[Record | Alert] = [
         Alert(
             "GpuFleetStragglerNode",
-            # Not a node that a replica's extra work explains, unless its GPU clocks lower
-            # than the job's median node: more work runs at full clock, a slow GPU does not
-            # (a replica given 13% more work hid a node 13% slower on 506).
-            f"{series.straggler}\nunless on ({NODE_STAGE}) (\n  {replica_work}\n"
-            f"  unless on ({NODE_STAGE}) {series.clock_ratio} < {config.straggler_subtle_clock_ratio}\n)",
+            # Not a node that a replica's extra work explains.
+            f"{series.straggler}\nunless on ({NODE_STAGE}) (\n  {replica_work}\n)",
             "warning",
             "A node computes persistently slower than its peers in the same pipeline stage.",
             f'{JOB_NODE} computes {{{{ $value | printf "%.2f" }}}}x its stage peers (the '
