@@ -191,8 +191,10 @@ class RulesConfig:
     job_slowdown_untimed_window: str = "5m"
     job_slowdown_untimed_baseline_quantile: float = 0.05
     # The steady baseline needs this many stepped minutes in its window: a job's first
-    # minutes (warming up, or counters just started) are no pace to hold it to.
-    job_slowdown_baseline_min_minutes: int = 30
+    # minutes (warming up, or counters just started) are no pace to hold it to. Not
+    # many more: a job back from a long outage has few in its window (30 left one
+    # blind to a 1.22x slow link for half an hour on 516).
+    job_slowdown_baseline_min_minutes: int = 20
     job_slowdown_for: str = "3m"
     # The steady step time must stay above the ratio this long before the `for` starts:
     # it is the slowest of every GPU each step, and grazes the ratio now and then.
