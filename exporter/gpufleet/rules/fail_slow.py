@@ -414,17 +414,6 @@ def training_recording(config: RulesConfig) -> list[Group]:
             f"- {rate_sum('gpufleet_training_slowest_rank_compute_seconds_total', NODE_STAGE, step_w)}\n"
             f"/ ({rate_sum('gpufleet_training_slowest_rank_steps_total', NODE_STAGE, step_w)} > 0)",
         ),
-        # A straggler is held against the job's least baseline, not its own: a node of a
-        # lighter stage waited for the heavier one as well as for the collective, and
-        # loses that wait when it becomes the slowest, so its own rise went negative and,
-        # the least of any node, hid a slow network. The least baseline is the wait of
-        # a node everyone else waited for: the collective's alone, as the straggler's
-        # now. A node with no baseline yet (back from repair, a spare that took a slot)
-        # is held against its stage's median baseline: it may be the straggler everyone
-        # else waits for (its wait then is the collective's alone, no rise), or a node
-        # like any other, whose wait rises with the network (counting it as no rise left
-        # the job blind to a slow network for two hours after every repair). In a stage
-        # of no baselines at all it counts as no rise.
         # A node's wait holds every other node's data-loader stall in its step_window: in
         # a lock-step job each stall stops all ranks but the stalled one's. Stalls on
         # node after node within two minutes (a run of them on a small job) raise every
@@ -444,6 +433,18 @@ def training_recording(config: RulesConfig) -> list[Group]:
             f"- on (training_job) group_right ()\n"
             f"({series.node_data_stall} or {series.node_data_wait} * 0)",
         ),
+        # A straggler is held against the job's least baseline, not its own: a node of a
+        # lighter stage waited for the heavier one as well as for the collective, and
+        # loses that wait when it becomes the slowest, so its own rise went negative and,
+        # the least of any node, hid a slow network. The least baseline is the wait of
+        # a node everyone else waited for: the collective's alone, as the straggler's
+        # now. A node with no baseline yet (back from repair, a spare that took a slot)
+        # is held against its stage's median baseline: it may be the straggler everyone
+        # else waits for (its wait then is the collective's alone, no rise), or a node
+        # like any other, whose wait rises with the network (counting it as no rise left
+        # the job blind to a slow network for two hours after every repair). In a stage
+        # of no baselines at all it counts as no rise. Each rise has the other nodes'
+        # stalls (above) taken off.
         Record(
             series.job_comm_rise,
             f"min by (training_job) (\n  (\n  {series.node_comm} - {series.node_comm_baseline}\n"
