@@ -57,7 +57,14 @@ from typing import Any
 
 from gpufleet.detect import materialize
 from gpufleet.detect.evaluate import Firing, evaluate_all
-from gpufleet.detect.score import LEDGER_ALERTS, EpisodeScore, PageScore, Scores, score
+from gpufleet.detect.score import (
+    LEDGER_ALERTS,
+    STEP_ONLY_COMPUTE,
+    EpisodeScore,
+    PageScore,
+    Scores,
+    score,
+)
 from gpufleet.devstack import PrometheusServer, backfill
 from gpufleet.promapi import PrometheusApi
 from gpufleet.rules.inline import inlined_alerts
@@ -616,6 +623,7 @@ def summary_line(scores: Scores) -> str:
     slow = ("fail-slow compute", "fail-slow communication")
     stop = ("fail-stop (node)", "fail-stop (job)")
     subtle = ("fail-slow compute 5-10%", "fail-slow communication 5-10%")
+    step_only = (STEP_ONLY_COMPUTE, f"{STEP_ONLY_COMPUTE} 5-10%")  # nothing names the GPU
     figures = {
         "failstop_recall": f"{scores.recall(*stop):.3f}",
         "failslow_recall": f"{scores.recall(*slow):.3f}",
@@ -629,6 +637,7 @@ def summary_line(scores: Scores) -> str:
         "failslow_comm_recall": f"{scores.recall(slow[1]):.3f}",
         "ttd_failstop_job_median_s": f"{scores.ttd_median(stop[1]):.0f}",
         "failslow_5_10_recall": f"{scores.recall(*subtle):.3f}",
+        "failslow_compute_step_only_recall": f"{scores.recall(*step_only):.3f}",
     }
     for name, (low, high) in (
         ("failstop_recall", scores.recall_interval(*stop)),

@@ -410,6 +410,37 @@ def test_a_shared_cluster_is_scored_per_job() -> None:
     assert scores.recall("fail-slow compute") == 0.5
 
 
+def test_a_slow_gpu_of_a_job_that_sends_step_time_only_is_scored_in_a_class_of_its_own() -> None:
+    """Its step time is the job's on every rank, so nothing there names the GPU: its
+    episodes must not dilute "fail-slow compute", and must not drop out of sight either."""
+    truth = shared_truth()
+    truth["cluster"]["jobs"][1]["step_only"] = True
+    hour = 3600.0
+    truth["episodes"].append(
+        fault(5, "fail_slow_compute", 18 * hour, 19 * hour, "n2", ["GpuFleetStragglerNode"],
+              1.07, job="small")
+    )  # fmt: skip
+    scores = score(truth, [])
+    klass = {e.id: e.klass for e in scores.episodes}
+    assert klass[1] == "fail-slow compute, step time only"
+    assert klass[5] == "fail-slow compute, step time only 5-10%"
+    assert klass[2] == "fail-slow compute"  # "big" times a split
+    assert klass[3] == "fail-slow communication"  # a slow link slows the job's step time
+    assert all(e.scored for e in scores.episodes if e.id in (1, 2, 3, 5))
+    assert scores.recall("fail-slow compute") == 0.0
+    assert scores.recall("fail-slow compute, step time only") == 0.0
+    assert {row["class"]: row["episodes"] for row in scores.by_class()} == {
+        "fail-slow communication": 1,
+        "fail-slow compute": 1,
+        "fail-slow compute, step time only": 1,
+        "fail-slow compute, step time only 5-10%": 1,
+        "fail-stop (job)": 1,
+        "fail-stop (node)": 1,
+    }
+    bands = {(row["kind"], row["band"]): row["episodes"] for row in scores.by_band()}
+    assert bands[("compute", ">20%")] == 1 and bands[("compute", "5-10%")] == 0
+
+
 def test_quick_benchmark_finds_injected_faults_through_real_prometheus(
     tmp_path: Path, bench_detect: Any
 ) -> None:

@@ -31,6 +31,10 @@ FAIL_SLOW_MIN_SECONDS = 600.0
 # Subtle fail-slow: 5-10% slower, scored in classes of their own when they last long enough.
 SUBTLE_MIN_SLOWDOWN = 1.05
 SUBTLE_MIN_SECONDS = 1200.0
+# A slow GPU of a job that sends step time alone: every rank's step time is the job's, so
+# nothing in it names the GPU (GpuFleetStragglerDetectionInactive says so). Scored in a
+# class of its own, so that "fail-slow compute" means what can be compared.
+STEP_ONLY_COMPUTE = "fail-slow compute, step time only"
 # Magnitude bands of fail-slow episodes: [5%, 10%), [10%, 20%], above 20%.
 BANDS = ("5-10%", "10-20%", ">20%")
 WARMUP_S = 20 * 60  # rates and peers need data before anything can fire
@@ -118,14 +122,22 @@ class Scores:
         return rows
 
     def by_band(self) -> list[dict[str, Any]]:
-        """Scored fail-slow episodes by kind and magnitude band: recall, interval, TTD."""
+        """Scored fail-slow episodes by kind and magnitude band: recall, interval, TTD
+        (slow GPUs of jobs that send step time only are left to their own class)."""
         kinds = (("fail_slow_compute", "compute"), ("fail_slow_comm", "communication"))
         return [
             {
                 "kind": name,
                 "band": band,
                 **_summary(
-                    [e for e in self.episodes if e.kind == kind and e.scored and e.band == band]
+                    [
+                        e
+                        for e in self.episodes
+                        if e.kind == kind
+                        and e.scored
+                        and e.band == band
+                        and not e.klass.startswith(STEP_ONLY_COMPUTE)
+                    ]
                 ),
             }
             for kind, name in kinds
@@ -261,6 +273,13 @@ def _training_seconds(episode: dict[str, Any], truth: dict[str, Any]) -> float:
     return max(0.0, high - low - covered)
 
 
+def _sends_step_time_only(episode: dict[str, Any], truth: dict[str, Any]) -> bool:
+    """Whether the episode's job sends step time without a compute / collective split."""
+    job = _job_of(episode, truth)
+    jobs = truth["cluster"].get("jobs") or ()
+    return any(spec["job"] == job and spec.get("step_only") for spec in jobs)
+
+
 def _classify(
     episode: dict[str, Any], truth: dict[str, Any], start: float, end: float
 ) -> tuple[str, bool, str]:
@@ -281,6 +300,8 @@ def _classify(
         slowdown = float(episode.get("details", {}).get("slowdown", episode["magnitude"]))
         lasted = float(episode["end"]) - float(episode["start"])
         base = "fail-slow compute" if kind == "fail_slow_compute" else "fail-slow communication"
+        if kind == "fail_slow_compute" and _sends_step_time_only(episode, truth):
+            base = STEP_ONLY_COMPUTE
         if slowdown >= FAIL_SLOW_MIN_SLOWDOWN and lasted >= FAIL_SLOW_MIN_SECONDS:
             klass, scored, needed = base, True, FAIL_SLOW_MIN_SECONDS
         elif SUBTLE_MIN_SLOWDOWN <= slowdown < FAIL_SLOW_MIN_SLOWDOWN and (
