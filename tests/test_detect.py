@@ -439,6 +439,12 @@ def test_a_slow_gpu_of_a_job_that_sends_step_time_only_is_scored_in_a_class_of_i
     }
     bands = {(row["kind"], row["band"]): row["episodes"] for row in scores.by_band()}
     assert bands[("compute", ">20%")] == 1 and bands[("compute", "5-10%")] == 0
+    # "big"'s slow GPU found: the compute class is whole, not halved by "small"'s
+    found = score(truth, [firing("GpuFleetStragglerNode", T0 + 16 * hour + 420,
+                                 T0 + 17 * hour, node="n3", training_job="big")])  # fmt: skip
+    assert found.recall("fail-slow compute") == 1.0
+    assert found.recall("fail-slow compute, step time only") == 0.0
+    assert [row["detected"] for row in found.by_band() if row["kind"] == "compute"] == [0, 0, 1]
 
 
 def test_quick_benchmark_finds_injected_faults_through_real_prometheus(

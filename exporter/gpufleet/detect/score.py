@@ -122,25 +122,17 @@ class Scores:
         return rows
 
     def by_band(self) -> list[dict[str, Any]]:
-        """Scored fail-slow episodes by kind and magnitude band: recall, interval, TTD
-        (slow GPUs of jobs that send step time only are left to their own class)."""
-        kinds = (("fail_slow_compute", "compute"), ("fail_slow_comm", "communication"))
+        """The scored episodes of the fail-slow classes (>= 10% and 5-10%, compute and
+        communication) by magnitude band: recall, interval, TTD. Slow GPUs of a job that
+        sends step time only have a class of their own and are not among them."""
+        kinds = (("fail-slow compute", "compute"), ("fail-slow communication", "communication"))
         return [
             {
                 "kind": name,
                 "band": band,
-                **_summary(
-                    [
-                        e
-                        for e in self.episodes
-                        if e.kind == kind
-                        and e.scored
-                        and e.band == band
-                        and not e.klass.startswith(STEP_ONLY_COMPUTE)
-                    ]
-                ),
+                **_summary([e for e in self._scored(klass, f"{klass} 5-10%") if e.band == band]),
             }
-            for kind, name in kinds
+            for klass, name in kinds
             for band in BANDS
         ]
 
