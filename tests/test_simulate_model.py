@@ -206,6 +206,32 @@ def test_fail_slow_episodes_have_the_configured_size_and_length(
     )
 
 
+def test_no_fail_slow_episode_runs_while_its_replica_waits_for_a_node(
+    big_timeline: tuple[Scenario, object],
+) -> None:
+    scenario, timeline = big_timeline
+    groups = scenario.cluster.replica_groups()
+    assert len(groups[0]) == 4  # 1,000 nodes as 250x4x8: a replica is a node per stage
+    away: dict[int, list[tuple[float, float]]] = {}
+    for x in timeline.exclusions:  # type: ignore[attr-defined]
+        for mate in groups[x.node]:
+            away.setdefault(mate, []).append((x.start, x.end))
+    slow = [
+        e
+        for e in timeline.episodes  # type: ignore[attr-defined]
+        if e.kind in (Kind.FAIL_SLOW_COMPUTE, Kind.FAIL_SLOW_COMM)
+    ]
+    sidelined = [
+        e
+        for e in slow
+        if any(e.start < end and start < e.end for start, end in away.get(e.node, []))
+    ]
+    assert slow and not sidelined
+    # not by luck: at random, this many episodes would have started on a waiting node
+    waiting = sum(end - start for spans in away.values() for start, end in spans)
+    assert waiting / (1000 * 120 * DAY) * len(slow) > 10
+
+
 def test_failures_concentrate_on_a_few_nodes_as_in_production() -> None:
     # The 63-node production study: the top 3 nodes caused over half of all exclusions.
     shares = []
@@ -348,7 +374,7 @@ def test_stage_skew_is_visible_per_stage_not_per_node() -> None:
         assert members.max() / np.median(members) < 1.02  # peers in a stage agree
 
 
-def test_the_job_stalls_on_a_failure_and_restarts_without_the_node() -> None:
+def test_the_job_stalls_on_a_failure_and_restarts_without_the_node_and_its_replica() -> None:
     cluster = Cluster(load_scenario("gpu-off-bus"), 0, START, DAY)
     episode = next(e for e in cluster.timeline.episodes if e.kind == Kind.FAIL_STOP)
     run(cluster, episode.start - START - 5)
@@ -363,10 +389,29 @@ def test_the_job_stalls_on_a_failure_and_restarts_without_the_node() -> None:
     restarted = float(episode.details["restarted_at"])  # type: ignore[arg-type]
     run(cluster, restarted - cluster.now + 60)
     assert cluster.step_number > stalled_steps > steps_before
-    assert cluster.training.steps[9] == cluster.training.steps[9]  # excluded: frozen
-    frozen = cluster.training.steps[9]
+    # 16 nodes as 4x4x8: node 9 holds replica 1 of stage 2; replica 1 cannot step without
+    # it, so its nodes in the other stages wait too, and the job trains 3 replicas wide
+    replica = [1, 5, 9, 13]
+    assert sorted(np.flatnonzero(cluster.replica_mates[9]).tolist()) == replica
+    frozen = cluster.training.steps.copy()
     run(cluster, 60)
-    assert cluster.training.steps[9] == frozen and cluster.training.steps[8] > frozen
+    moved = cluster.training.steps > frozen
+    assert not moved[replica].any()
+    assert moved[[n for n in range(16) if n not in replica]].all()
+    assert cluster.gpu_values(5, 0)["DCGM_FI_DEV_GPU_UTIL"] == 5  # idle, not excluded
+    assert cluster.gpu_values(4, 0)["DCGM_FI_DEV_GPU_UTIL"] == 97
+
+
+def test_replica_groups_follow_the_layout() -> None:
+    # TP 8 on 8 GPUs: a node is one replica's rank group in its stage
+    assert ClusterSpec(nodes=8, layout="4x2x8").replica_groups()[1] == {1, 5}
+    # TP 4: a node holds two replicas of its stage
+    groups = ClusterSpec(nodes=4, layout="4x2x4").replica_groups()
+    assert groups[0] == {0, 2} and groups[1] == {1, 3}
+    # TP 16 spans two nodes: both hold the same replica, in every stage
+    assert ClusterSpec(nodes=8, layout="2x2x16").replica_groups()[0] == {0, 1, 4, 5}
+    # no pipeline, TP on the node: a node is a replica of its own
+    assert ClusterSpec(nodes=4, layout="4x1x8").replica_groups()[2] == {2}
 
 
 def test_checkpoint_storm_is_queue_bound_and_visible_in_flight() -> None:

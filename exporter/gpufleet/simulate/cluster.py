@@ -16,7 +16,7 @@ import numpy as np
 
 from gpufleet.agent.training_aggregate import DEFAULT_STEP_BUCKETS
 from gpufleet.gpu import catalogue as cat
-from gpufleet.simulate.config import Scenario
+from gpufleet.simulate.config import ClusterSpec, Scenario
 from gpufleet.simulate.faults import CAUSES_BY_NAME, Effect, Episode, Kind
 from gpufleet.simulate.timeline import Timeline, Window, build_timeline
 
@@ -104,6 +104,14 @@ class XidRecord:
     last_time: float = 0.0
 
 
+def _replica_mates(spec: ClusterSpec) -> np.ndarray:
+    """Node x node: whether the two hold ranks of one data-parallel replica."""
+    mates = np.zeros((spec.nodes, spec.nodes), dtype=bool)
+    for node, group in enumerate(spec.replica_groups()):
+        mates[node, list(group)] = True
+    return mates
+
+
 class Cluster:
     """State of every node and GPU at time ``now``; ``advance()`` moves it forward."""
 
@@ -125,6 +133,7 @@ class Cluster:
         width = max(3, len(str(self.nodes - 1)))
         self.node_names = [f"node-{index:0{width}d}" for index in range(self.nodes)]
         self.stage, self.dp_rank = self._placement()
+        self.replica_mates = _replica_mates(spec)
         # which ranks send steps (nodes x GPUs), and how many per node
         self.report_mask, self.reporters = self._reporting_ranks()
         self.plain = spec.plain_reporting
@@ -158,7 +167,8 @@ class Cluster:
         self.gpu_lost = np.zeros((nodes, gpus), dtype=bool)
         self.node_down = np.zeros(nodes, dtype=bool)
         self.nvml_hung = np.zeros(nodes, dtype=bool)
-        self.excluded = np.zeros(nodes, dtype=bool)
+        # excluded by a fault; training (set each tick by _train)
+        self.excluded, self.in_training = np.zeros(nodes, dtype=bool), np.ones(nodes, dtype=bool)
         self.throttle = np.zeros((nodes, gpus), dtype=np.int64)
         self.slowdown = np.ones((nodes, gpus))
         self.training_now = False
@@ -413,7 +423,7 @@ class Cluster:
         factor = 1.0
         for episode in self._active:
             if episode.kind == Kind.FAIL_SLOW_COMM and episode.node is not None:
-                if self.excluded[episode.node]:
+                if not self.in_training[episode.node]:
                     continue
                 share = max(0.0, min(episode.end, end) - max(episode.start, start)) / dt
                 factor = max(factor, 1.0 + (episode.magnitude - 1.0) * share)
@@ -448,7 +458,7 @@ class Cluster:
         evaluating, _ = self._blocked(timeline.evals, start, end)
         train_time = max(0.0, dt - stalled - checkpointing - evaluating)
         eval_time = max(0.0, min(evaluating, dt - stalled))
-        active = ~self.excluded & ~self.node_down
+        active = self.in_training = self._training_nodes()
         t = self.training
         if not active.any():
             self.training_now = False
@@ -511,6 +521,12 @@ class Cluster:
             t.last_step_time[seen] = when
             t.ranks[active] = reporters
         t.ranks[~active] = 0
+
+    def _training_nodes(self) -> np.ndarray:
+        """The nodes that train: not excluded or down, nor in a replica that lost a node
+        (it cannot step until the slot is filled; the data-parallel width shrinks)."""
+        lost = self.excluded | self.node_down
+        return np.asarray(~self.replica_mates[lost].any(axis=0))
 
     def _count_steps(
         self,
@@ -592,7 +608,7 @@ class Cluster:
 
     def _checkpoints(self, start: float, end: float) -> None:
         t = self.training
-        active = ~self.excluded & ~self.node_down
+        active = self.in_training
         gpus = self.gpus if self.plain else self.reporters[active]
         t.ckpt_in_flight[:] = 0
         for window in self.timeline.checkpoints:
@@ -621,7 +637,7 @@ class Cluster:
 
     def gpu_values(self, node: int, gpu: int) -> dict[str, float]:
         """DCGM field values of one GPU, as the agent's reader would produce them."""
-        load = 0.97 if self.training_now and not self.excluded[node] else 0.05
+        load = 0.97 if self.training_now and self.in_training[node] else 0.05
         slow = float(self.slowdown[node, gpu])
         watts = float(self._power_watts()[node, gpu]) if load > 0.5 else 72.0
         values = {

@@ -135,6 +135,24 @@ class ClusterSpec:
         pp = next(p for p in (4, 2, 1) if self.nodes % p == 0)
         return Layout(ranks // (tp * pp), pp, tp)
 
+    def replica_groups(self) -> list[frozenset[int]]:
+        """Each node's replica group: the nodes holding a rank of a data-parallel replica it
+        holds one of (itself included). A replica that loses one of them cannot step: until
+        the slot is filled again the job trains without the whole group (its data-parallel
+        width shrinks), as an elastic job would."""
+        layout = self.resolved_layout()
+        gpus = self.gpus_per_node
+        per_stage = layout.dp * layout.tp
+        replicas = [
+            {(node * gpus + gpu) % per_stage // layout.tp for gpu in range(gpus)}
+            for node in range(self.nodes)
+        ]
+        holders: dict[int, set[int]] = {}
+        for node, held in enumerate(replicas):
+            for replica in held:
+                holders.setdefault(replica, set()).add(node)
+        return [frozenset().union(*(holders[replica] for replica in held)) for held in replicas]
+
 
 @dataclass(frozen=True, slots=True)
 class FaultRates:

@@ -107,6 +107,7 @@ class TimelineBuilder:
         self.nodes = self.spec.nodes
         self.gpus = self.spec.gpus_per_node
         self._excluded: list[list[tuple[float, float]]] = [[] for _ in range(self.nodes)]
+        self._replica_groups = self.spec.replica_groups()
         self._checkpoints_asked: list[float] = []  # explicit `checkpoint` episodes
 
     # -- helpers ----------------------------------------------------------------
@@ -117,6 +118,14 @@ class TimelineBuilder:
     def next_exclusion(self, node: int, when: float) -> float:
         """When ``node`` is next excluded after ``when`` (inf if never)."""
         return min((start for start, _ in self._excluded[node] if start > when), default=math.inf)
+
+    def sidelined(self, node: int, when: float) -> bool:
+        """Whether ``node`` is out of training at ``when``: it or a replica mate is excluded."""
+        return any(self.excluded(mate, when) for mate in self._replica_groups[node])
+
+    def next_sidelining(self, node: int, when: float) -> float:
+        """When ``node`` next stops training for an exclusion in its replica (inf if never)."""
+        return min(self.next_exclusion(mate, when) for mate in self._replica_groups[node])
 
     def stalled(self, when: float) -> bool:
         return any(w.start <= when < w.end for w in self.timeline.stalls)
@@ -360,7 +369,7 @@ class TimelineBuilder:
             expected, scope = slow_episode_expectations(kind)
             for node in range(self.nodes):
                 for when in _poisson_times(rng, rate_per_day / DAY, timeline.start, timeline.end):
-                    if self.excluded(node, when):
+                    if self.sidelined(node, when):
                         continue
                     duration = max(60.0, float(rng.exponential(mean_minutes * 60)))
                     magnitude = float(rng.uniform(low, high))
@@ -371,8 +380,9 @@ class TimelineBuilder:
                             # A slow GPU or link is the node's: pulled from the job for a
                             # fail-stop, it takes its slowness to the repair bench, and the
                             # slot comes back on a healthy node (in a shared cluster,
-                            # another one).
-                            min(when + duration, self.next_exclusion(node, when)),
+                            # another one). A node whose replica lost a node to an
+                            # exclusion stops training, and the episode ends there.
+                            min(when + duration, self.next_sidelining(node, when)),
                             node,
                             int(rng.integers(self.gpus))
                             if kind == Kind.FAIL_SLOW_COMPUTE
