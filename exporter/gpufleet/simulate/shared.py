@@ -4,7 +4,9 @@ Each job of a scenario's ``jobs`` section runs as its own lock-step job (its own
 layout, reporting, fault timeline and seed) on *slots*; a slot is held by one
 physical node at a time. When a node a fault excluded is repaired, it goes back
 to the spare pool and the slot takes the node that has waited there longest
-(possibly that same node): over days, nodes move between jobs. Spare nodes idle
+(possibly that same node): over days, nodes move between jobs. Until then the
+slot is empty, and the nodes of its data-parallel replica (in the other pipeline
+stages) wait with it: the job trains that replica short. Spare nodes idle
 (agent up, GPUs healthy, no training) and draw no faults of their own.
 
 The history names physical nodes: a node's hardware series (``up``, its GPUs,
