@@ -131,7 +131,9 @@ def test_the_demo_pages_straggler_then_checkpoint_then_xid_and_recovers(
         # The story ends (in compressed time) about 9:15 / FACTOR after t0; be generous.
         webhook_receiver.wait_for_alerts(lambda _: paged() >= expected, timeout=240)
 
-        # Recovery: every node but node-040 stepped after the retry; node-040 never again.
+        # Recovery: every node but node-040 and the rest of its data-parallel replica
+        # (64 nodes as 16x4x8: nodes 8, 24 and 56 hold its ranks in the other stages)
+        # stepped after the retry; node-040 never again.
         def last_steps(selector: str) -> list[float]:
             found = prometheus.query(
                 f"max by (node) (gpufleet_training_last_step_timestamp_seconds{{{selector}}})"
@@ -139,10 +141,10 @@ def test_the_demo_pages_straggler_then_checkpoint_then_xid_and_recovers(
             return [float(series["value"][1]) for series in found]
 
         wait_until(
-            lambda: sum(t > restarted for t in last_steps('node!="node-040"')) == NODES - 1,
+            lambda: sum(t > restarted for t in last_steps('node!="node-040"')) == NODES - 4,
             60,
             interval=0.5,
-            what="63 nodes stepping again after the automatic retry",
+            what="60 nodes stepping again after the automatic retry",
         )
         assert all(t <= failure.start + 1 for t in last_steps('node="node-040"'))
         # The clock GpuFleetJobHung reads was reset by the retry, long before its threshold.

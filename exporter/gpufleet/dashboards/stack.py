@@ -47,10 +47,13 @@ QUERY_STEP_S = 60.0
 # Node 5 computes 30% slower for the last two hours (the straggler); node 12 fails
 # twice (two exclusions: a repeat offender); node 9 flaps its NVLink, then a GPU falls
 # off the bus (XID 79, a lost GPU, an exclusion); 16 nodes checkpoint at once into 16
-# storage slots (a checkpoint storm).
+# storage slots (a checkpoint storm). Two pipeline stages: the nodes that wait with an
+# excluded node (its replica: node 1 with 9, node 4 with 12) leave the straggler's
+# stage 0 seven peers.
 SCENARIO = """
 name: dashboards
-cluster: {{nodes: {nodes}, checkpoint_interval_s: 1800, storage_slots: 16}}
+cluster: {{nodes: {nodes}, layout: {replicas}x2x8, checkpoint_interval_s: 1800,
+          storage_slots: 16}}
 rates: {{fail_stop_per_1000_node_days: 0, fail_slow_compute_per_node_day: 0,
         fail_slow_comm_per_node_day: 0, auto_retry_success: 1.0}}
 confounders: {{cluster_slowdowns_per_day: 0, evals: false}}
@@ -146,7 +149,13 @@ def fed_prometheus(
     scenario_path = workdir / "scenario.yaml"
     minutes = round(hours * 60)
     scenario_path.write_text(
-        SCENARIO.format(nodes=nodes, slow=minutes - 120, flap=minutes - 90, off_bus=minutes - 45)
+        SCENARIO.format(
+            nodes=nodes,
+            replicas=nodes // 2,
+            slow=minutes - 120,
+            flap=minutes - 90,
+            off_bus=minutes - 45,
+        )
     )
     scenario = load_scenario(str(scenario_path))
     end = float(int(time.time() // STEP_S * STEP_S))
