@@ -167,7 +167,7 @@ class Cluster:
         self.gpu_lost = np.zeros((nodes, gpus), dtype=bool)
         self.node_down = np.zeros(nodes, dtype=bool)
         self.nvml_hung = np.zeros(nodes, dtype=bool)
-        # excluded by a fault; training (set each tick by _train)
+        # excluded by a fault; training (set each tick by advance)
         self.excluded, self.in_training = np.zeros(nodes, dtype=bool), np.ones(nodes, dtype=bool)
         self.throttle = np.zeros((nodes, gpus), dtype=np.int64)
         self.slowdown = np.ones((nodes, gpus))
@@ -188,8 +188,8 @@ class Cluster:
     def _placement(self) -> tuple[np.ndarray, np.ndarray]:
         """Each node's pipeline stage, and each rank's data-parallel replica (nodes x GPUs)."""
         ranks_per_stage = self.layout.dp * self.layout.tp
-        ranks = np.arange(self.nodes * self.gpus).reshape(self.nodes, self.gpus)
-        return ranks[:, 0] // ranks_per_stage, (ranks % ranks_per_stage) // self.layout.tp
+        dp_rank = [[self.spec.dp_rank(n, g) for g in range(self.gpus)] for n in range(self.nodes)]
+        return np.arange(self.nodes) * self.gpus // ranks_per_stage, np.array(dp_rank)
 
     def _reporting_ranks(self) -> tuple[np.ndarray, np.ndarray]:
         """Which ranks send steps: all, or rank 0 of each TP group; and how many per node."""
@@ -217,6 +217,7 @@ class Cluster:
         self._instant_events(start, end)
         self._continuous_effects(start, end, dt)
         self._repairs(start, end)
+        self.in_training = self._training_nodes()
         self._train(start, end, dt)
         self._checkpoints(start, end)
         self.energy_mj += self._power_watts() * dt * 1000.0 * ~self.gpu_lost
@@ -458,7 +459,7 @@ class Cluster:
         evaluating, _ = self._blocked(timeline.evals, start, end)
         train_time = max(0.0, dt - stalled - checkpointing - evaluating)
         eval_time = max(0.0, min(evaluating, dt - stalled))
-        active = self.in_training = self._training_nodes()
+        active = self.in_training
         t = self.training
         if not active.any():
             self.training_now = False

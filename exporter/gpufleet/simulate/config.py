@@ -135,18 +135,19 @@ class ClusterSpec:
         pp = next(p for p in (4, 2, 1) if self.nodes % p == 0)
         return Layout(ranks // (tp * pp), pp, tp)
 
+    def dp_rank(self, node: int, gpu: int) -> int:
+        """The data-parallel replica whose rank GPU ``gpu`` of ``node`` holds (ranks are
+        numbered node by node; a stage holds DP x TP of them, a TP group TP)."""
+        layout = self.resolved_layout()
+        return (node * self.gpus_per_node + gpu) % (layout.dp * layout.tp) // layout.tp
+
     def replica_groups(self) -> list[frozenset[int]]:
         """Each node's replica group: the nodes holding a rank of a data-parallel replica it
         holds one of (itself included). A replica that loses one of them cannot step: until
         the slot is filled again the job trains without the whole group (its data-parallel
         width shrinks), as an elastic job would."""
-        layout = self.resolved_layout()
-        gpus = self.gpus_per_node
-        per_stage = layout.dp * layout.tp
-        replicas = [
-            {(node * gpus + gpu) % per_stage // layout.tp for gpu in range(gpus)}
-            for node in range(self.nodes)
-        ]
+        gpus = range(self.gpus_per_node)
+        replicas = [{self.dp_rank(node, gpu) for gpu in gpus} for node in range(self.nodes)]
         holders: dict[int, set[int]] = {}
         for node, held in enumerate(replicas):
             for replica in held:
