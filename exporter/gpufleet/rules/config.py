@@ -185,9 +185,14 @@ class RulesConfig:
     job_slowdown_quantile: float = 0.25
     job_slowdown_window: str = "10m"
     # A job that times no data wait (step time only) has no stall figure to take off:
-    # its steady step time is its fastest 2-minute stretch over this window (with the
-    # alert's hold, over 10 minutes), and its baseline this quantile over the baseline
-    # window (about the least of as many stretches as the steady reading takes).
+    # its steady step time is its fastest stretch of this length over
+    # job_slowdown_untimed_window (with the alert's hold, over 10 minutes), and its
+    # baseline this quantile of such stretches over the baseline window (about the
+    # least of as many as the steady reading takes). One minute, not step_window's
+    # two: a big job's stalls can leave a minute clean between them and never two
+    # (517: eight stalls in 14 minutes). A scrape interval too long for two samples in
+    # the stretch falls back on step_window.
+    job_slowdown_untimed_step_window: str = "1m"
     job_slowdown_untimed_window: str = "5m"
     job_slowdown_untimed_baseline_quantile: float = 0.05
     # The steady baseline needs this many stepped minutes in its window: a job's first

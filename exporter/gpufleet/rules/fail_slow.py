@@ -90,6 +90,10 @@ class TrainingSeries(SeriesNames):
     # the job's seconds per step over step_window, its steady step time now and over
     # its baseline, and its mean over hang_step_window
     job_step: str = "job:gpufleet_training_step_seconds:rate{step_window}"
+    # ... over shorter stretches, for jobs that time no data wait
+    job_step_short: str = (
+        "job:gpufleet_training_step_seconds:rate{job_slowdown_untimed_step_window}"
+    )
     # each node's data wait per step, the job's data-loader stalls per step (the most
     # waiting node's wait above the least's) and its step time less them
     node_data_wait: str = "node:gpufleet_training_data_wait_per_step:rate{step_window}"
@@ -234,6 +238,7 @@ def training_recording(config: RulesConfig) -> list[Group]:
     # The job's step times less stalls over its baseline window, minutes without a step
     # left out (> 0 drops NaN).
     stepped = f"({series.job_step_net} > 0)[{base_w}:1m] offset {base_o}"
+    stepped_short = f"({series.job_step_short} > 0)[{base_w}:1m] offset {base_o}"
 
     def by_data_timing(timed: str, untimed: str) -> str:
         """``timed`` for jobs whose ranks time their data wait, ``untimed`` for the others
@@ -387,13 +392,21 @@ def training_recording(config: RulesConfig) -> list[Group]:
         ),
         # A job that times no data wait has no stall figure: a run of stalls raises its
         # step time as a slowdown does. Between stalls it steps at its pace, so its
-        # steady step time is its fastest 2-minute stretch instead, held by the alert:
-        # a slowdown raises every stretch; stalls leave one clean now and then.
+        # steady step time is its fastest 1-minute stretch instead, held by the alert:
+        # a slowdown raises every stretch; stalls leave one clean now and then (a big
+        # job's, one minute between them more often than two).
+        Record(
+            series.job_step_short,
+            f"{rate_sum('gpufleet_training_step_seconds_total', 'training_job', config.job_slowdown_untimed_step_window)}\n"
+            f"/ {rate_sum('gpufleet_training_steps_total', 'training_job', config.job_slowdown_untimed_step_window)}\n"
+            # scraped too seldom for two samples a stretch
+            f"or {series.job_step}",
+        ),
         Record(
             steady,
             by_data_timing(
                 f"quantile_over_time({q}, {series.job_step_net}[{steady_w}:1m])",
-                f"quantile_over_time(0, {series.job_step_net}[{config.job_slowdown_untimed_window}:30s])",
+                f"quantile_over_time(0, {series.job_step_short}[{config.job_slowdown_untimed_window}:30s])",
             ),
         ),
         # How much the job's collectives slowed: the wait of each node's slowest rank
@@ -518,7 +531,7 @@ def training_recording(config: RulesConfig) -> list[Group]:
             "(\n"
             + by_data_timing(
                 f"quantile_over_time({q}, {stepped})",
-                f"quantile_over_time({config.job_slowdown_untimed_baseline_quantile}, {stepped})",
+                f"quantile_over_time({config.job_slowdown_untimed_baseline_quantile}, {stepped_short})",
             )
             + f"\n)\nand on (training_job) count_over_time({stepped}) >= {config.job_slowdown_baseline_min_minutes}",
         ),
