@@ -189,9 +189,9 @@ class RulesConfig:
     # job_slowdown_untimed_window (with the alert's hold, over 10 minutes), and its
     # baseline this quantile of such stretches over the baseline window (about the
     # least of as many as the steady reading takes). One minute, not step_window's
-    # two: a big job's stalls can leave a minute clean between them and never two
-    # (517: eight stalls in 14 minutes). A scrape interval too long for two samples in
-    # the stretch falls back on step_window.
+    # two: stalls node after node can leave a minute or so clean between them and
+    # never two (517: six stalls in 14 minutes, at most 1.9 minutes apart). A scrape
+    # interval too long for two samples in the stretch falls back on step_window.
     job_slowdown_untimed_step_window: str = "1m"
     job_slowdown_untimed_window: str = "5m"
     job_slowdown_untimed_baseline_quantile: float = 0.05

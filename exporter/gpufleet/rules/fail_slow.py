@@ -248,6 +248,12 @@ def training_recording(config: RulesConfig) -> list[Group]:
             f"or {untimed}"
         )
 
+    def job_seconds_per_step(window: str) -> str:
+        return (
+            f"{rate_sum('gpufleet_training_step_seconds_total', 'training_job', window)}\n"
+            f"/ {rate_sum('gpufleet_training_steps_total', 'training_job', window)}"
+        )
+
     def scale(spread: str, center: str) -> str:
         return f"((1.4826 * {spread} > {center} * {floor}) or ({center} * {floor}))"
 
@@ -360,11 +366,7 @@ def training_recording(config: RulesConfig) -> list[Group]:
         # or three stalls fall in one window, reads that as a slowdown; the fastest
         # quarter of the window's 2-minute stretches only rises when all of them do. A
         # job that does not step has 0/0 = NaN here.
-        Record(
-            series.job_step,
-            f"{rate_sum('gpufleet_training_step_seconds_total', 'training_job', step_w)}\n"
-            f"/ {rate_sum('gpufleet_training_steps_total', 'training_job', step_w)}",
-        ),
+        Record(series.job_step, job_seconds_per_step(step_w)),
         # A data-loader stall on one node stops every rank of a lock-step job: the node
         # waits for its data, the others for it. Its wait per step above the job's least
         # node's is what the stall added to the job's step time (storage slow for every
@@ -397,10 +399,9 @@ def training_recording(config: RulesConfig) -> list[Group]:
         # job's, one minute between them more often than two).
         Record(
             series.job_step_short,
-            f"{rate_sum('gpufleet_training_step_seconds_total', 'training_job', config.job_slowdown_untimed_step_window)}\n"
-            f"/ {rate_sum('gpufleet_training_steps_total', 'training_job', config.job_slowdown_untimed_step_window)}\n"
+            job_seconds_per_step(config.job_slowdown_untimed_step_window)
             # scraped too seldom for two samples a stretch
-            f"or {series.job_step}",
+            + f"\nor {series.job_step}",
         ),
         Record(
             steady,
