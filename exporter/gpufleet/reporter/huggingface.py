@@ -5,7 +5,10 @@ Importing this module imports ``transformers``; ``gpufleet.client`` never does.
 One optimizer step of the Trainer is one gpufleet step, timed from the end of
 the previous step (so fetching the batch is included and reported as data
 wait) to ``on_step_end``. On CUDA the callback synchronises before reading the
-clock. Checkpoint saves are not timed here (the Trainer has no hook around the
+clock. Under DDP (``torchrun`` / ``accelerate launch``) the callback watches the
+Trainer's DDP model (``Reporter.watch``), so each step reports this rank's exposed
+wait for its peers' gradients apart from its own compute: what finds a slow rank.
+Checkpoint saves are not timed here (the Trainer has no hook around the
 write): wrap your own save in ``reporter.checkpoint()`` if you need them.
 """
 
@@ -29,6 +32,8 @@ class GpuFleetTrainerCallback(TrainerCallback):  # type: ignore[misc]
         pp_stage: this rank's pipeline stage (when the reporter is made here).
         tokens_per_step: returns tokens processed per step, given the TrainerState.
         synchronize_cuda: synchronise CUDA before reading the clock (default True).
+        time_collectives: watch the Trainer's DDP model to tell this rank's compute from
+            its wait for peers (default True).
     """
 
     def __init__(
@@ -37,8 +42,10 @@ class GpuFleetTrainerCallback(TrainerCallback):  # type: ignore[misc]
         pp_stage: int = 0,
         tokens_per_step: Callable[[Any], int] | None = None,
         synchronize_cuda: bool = True,
+        time_collectives: bool = True,
     ) -> None:
         self.reporter = reporter
+        self._time_collectives = time_collectives
         self._pp_stage = pp_stage
         self._tokens = tokens_per_step
         self._synchronize_cuda = synchronize_cuda
@@ -51,6 +58,11 @@ class GpuFleetTrainerCallback(TrainerCallback):  # type: ignore[misc]
             import torch
 
             self._clock.sync = torch.cuda.synchronize
+        model = kwargs.get("model")
+        if self._time_collectives and model is not None:
+            from gpufleet.reporter.collectives import data_parallel_wrapper
+
+            self.reporter.watch(data_parallel_wrapper(model))
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._clock.begin()

@@ -8,6 +8,11 @@ batch (so data loading is included and reported as data wait) to the end of
 this one. Validation batches are reported with phase ``eval``. On CUDA the
 callback synchronises before reading the clock, so asynchronous kernels are
 counted in the batch that launched them.
+
+Under the DDP strategy the callback watches the wrapped model (``Reporter.watch``):
+each step reports this rank's exposed wait for its peers' gradients apart from its
+own compute, which is what finds a slow rank (DDP's all-reduce runs inside
+``backward()``, so the batch's time alone is the same on every rank).
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ class GpuFleetCallback(Callback):  # type: ignore[misc]
         tokens_per_batch: returns the number of tokens in a batch, if you want
             token throughput.
         synchronize_cuda: synchronise CUDA before reading the clock (default True).
+        time_collectives: watch the strategy's DDP model to tell this rank's compute
+            from its wait for peers (default True).
     """
 
     def __init__(
@@ -42,8 +49,10 @@ class GpuFleetCallback(Callback):  # type: ignore[misc]
         pp_stage: int = 0,
         tokens_per_batch: Callable[[Any], int] | None = None,
         synchronize_cuda: bool = True,
+        time_collectives: bool = True,
     ) -> None:
         super().__init__()
+        self._time_collectives = time_collectives
         self.reporter = reporter
         self._pp_stage = pp_stage
         self._tokens = tokens_per_batch
@@ -59,6 +68,11 @@ class GpuFleetCallback(Callback):  # type: ignore[misc]
             import torch
 
             self._clock.sync = torch.cuda.synchronize
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        # The strategy wraps the module (DDP) in its setup, after the callbacks' setup.
+        if self.reporter is not None and self._time_collectives:
+            self.reporter.watch(trainer.strategy.model)
 
     def _begin(self) -> None:
         self._clock.begin()

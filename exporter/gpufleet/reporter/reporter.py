@@ -46,7 +46,7 @@ import urllib.parse
 from collections import deque
 from collections.abc import Callable
 from types import TracebackType
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from gpufleet.reporter.events import (
     MAX_BATCH_EVENTS,
@@ -63,6 +63,9 @@ from gpufleet.reporter.events import (
     step_json,
     whole,
 )
+
+if TYPE_CHECKING:
+    from gpufleet.reporter.collectives import CollectiveWait, CommHook, NoCollectives
 
 log = logging.getLogger("gpufleet.client")
 EventT = TypeVar("EventT", StepEvent, CheckpointEvent)
@@ -306,6 +309,7 @@ class Reporter:
         self._last_step_end: float | None = None
         self._warned: dict[str, float] = {}
         self._count_lock = threading.Lock()
+        self._collectives: CollectiveWait | NoCollectives | None = None
 
         self.dropped = 0  # events dropped and not yet reported to the agent
         self.dropped_total = 0
@@ -331,6 +335,22 @@ class Reporter:
         return True
 
     # -- recording (training thread) ----------------------------------------------
+
+    def watch(self, model: object, comm_hook: CommHook | None = None, state: object = None) -> bool:
+        """Time this rank's own work apart from its wait for peers, for a
+        ``DistributedDataParallel`` model: ``reporter.watch(ddp_model)`` once, before
+        the first backward. Each step then reports its exposed collective wait (from
+        this rank's last gradient bucket to the end of its all-reduces) and its compute
+        as the rest of the step, which is what tells a slow rank from the ranks that
+        wait for it. ``comm_hook`` / ``state``: a communication hook of your own (DDP
+        takes one); it runs inside gpufleet's. True when the model is watched.
+        """
+        if not self.enabled:
+            return False
+        from gpufleet.reporter.collectives import watch_model
+
+        self._collectives = watch_model(model, comm_hook, state)
+        return self._collectives is not None
 
     def step(self, tokens: int = 0, phase: Phase = "train", step: int | None = None) -> StepTimer:
         """Time one step: ``with reporter.step(tokens=n): ...``.
@@ -373,9 +393,17 @@ class Reporter:
         phase: Phase = "train",
         step: int | None = None,
     ) -> None:
-        """Record a step timed by the caller (seconds). Never blocks, never raises."""
+        """Record a step timed by the caller (seconds). Never blocks, never raises.
+
+        On a watched model (``watch``) the collective wait since the previous step is
+        added to ``comm_wait_s`` and, unless given, compute is the rest of the step."""
         if step is None:
             step = next(self._step_counter)
+        collectives = self._collectives
+        if collectives is not None:
+            comm_wait_s += collectives.take()
+            if compute_s is None:
+                compute_s = max(0.0, duration_s - data_wait_s - comm_wait_s)
         # tuple.__new__ skips the NamedTuple's generated __new__ (a Python-level call):
         # about 0.1 us less per step on the training thread (bench/client_overhead.py).
         self._push(

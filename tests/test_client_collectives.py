@@ -1,0 +1,156 @@
+"""``Reporter.watch``: a DDP rank's own work apart from its wait for peers, on real
+``torch.distributed`` (gloo, CPU) processes."""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+mp = pytest.importorskip("torch.multiprocessing")
+
+from gpufleet.client import Reporter  # noqa: E402
+from gpufleet.reporter.collectives import (  # noqa: E402
+    CollectiveWait,
+    NoCollectives,
+    data_parallel_wrapper,
+    watch_model,
+)
+
+WORLD = 2
+STEPS = 30
+EXTRA_S = 0.03  # the slow rank's extra time before its backward, a slow GPU's kernels
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def model() -> Any:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+
+
+def train(rank: int, port: int, out: str, watched: bool, slow_rank: int) -> None:
+    """One DDP rank: STEPS steps; writes its waits and final parameters to ``out``."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    ddp = torch.nn.parallel.DistributedDataParallel(model())
+    wait = watch_model(ddp) if watched else None
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    generator = torch.Generator().manual_seed(rank)
+    waits = []
+    for _ in range(STEPS):
+        x = torch.randn(8, 16, generator=generator)
+        loss = ddp(x).pow(2).mean()
+        if rank == slow_rank:
+            time.sleep(EXTRA_S)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if wait is not None:
+            waits.append(wait.take())
+    torch.save({"waits": waits, "params": [p.detach() for p in ddp.parameters()]}, out)
+    dist.destroy_process_group()
+
+
+def run(tmp_path: Path, watched: bool, slow_rank: int = 1) -> list[dict[str, Any]]:
+    outs = [str(tmp_path / f"{'watched' if watched else 'plain'}-{rank}.pt") for rank in range(2)]
+    port = free_port()
+    mp.start_processes(_entry, args=(port, outs, watched, slow_rank), nprocs=WORLD, join=True)
+    return [torch.load(out) for out in outs]
+
+
+def _entry(rank: int, port: int, outs: list[str], watched: bool, slow_rank: int) -> None:
+    train(rank, port, outs[rank], watched, slow_rank)
+
+
+def test_the_rank_that_waits_for_a_slow_peer_reports_the_wait_and_the_slow_rank_does_not(
+    tmp_path: Path,
+) -> None:
+    healthy, slow = run(tmp_path, watched=True)
+    healthy_wait = statistics.median(healthy["waits"][5:])
+    slow_wait = statistics.median(slow["waits"][5:])
+    # The healthy rank had its gradients ready EXTRA_S before the slow one and waited.
+    assert healthy_wait > 0.6 * EXTRA_S, (healthy_wait, slow_wait)
+    assert slow_wait < healthy_wait - 0.4 * EXTRA_S, (healthy_wait, slow_wait)
+
+
+def test_the_timing_hook_leaves_the_gradients_as_ddp_averages_them(tmp_path: Path) -> None:
+    watched = run(tmp_path, watched=True)
+    plain = run(tmp_path, watched=False)
+    for rank in range(WORLD):
+        for mine, theirs in zip(watched[rank]["params"], plain[rank]["params"], strict=True):
+            assert torch.equal(mine, theirs)
+    # and the ranks agree with each other: the all-reduce ran
+    for mine, theirs in zip(watched[0]["params"], watched[1]["params"], strict=True):
+        assert torch.equal(mine, theirs)
+
+
+def test_a_watched_step_sends_its_wait_and_the_rest_of_the_step_as_compute() -> None:
+    reporter = Reporter("http://127.0.0.1:9", training_job="j", rank=0, enabled=True)
+    try:
+
+        class Waited:
+            def take(self) -> float:
+                return 0.25
+
+        reporter._collectives = Waited()  # type: ignore[assignment]
+        reporter.record_step(1.0, data_wait_s=0.1, step=3)
+        event = reporter._buffer[-1]
+        assert event.comm_wait_s == pytest.approx(0.25)
+        assert event.compute_s == pytest.approx(0.65)
+        # a split the caller timed itself is kept
+        reporter.record_step(1.0, compute_s=0.5, step=4)
+        assert reporter._buffer[-1].compute_s == 0.5
+    finally:
+        reporter.enabled = False
+
+
+def test_a_model_of_a_single_process_job_waits_on_nothing() -> None:
+    assert not dist.is_initialized()
+    assert isinstance(watch_model(model()), NoCollectives)
+    reporter = Reporter("http://127.0.0.1:9", training_job="j", rank=0)
+    try:
+        assert reporter.watch(model())
+        reporter.record_step(0.5, data_wait_s=0.1)
+        event = reporter._buffer[-1]
+        assert event.compute_s == pytest.approx(0.4)  # sent as a timed split
+        assert event.comm_wait_s == 0.0
+    finally:
+        reporter.enabled = False
+
+
+def test_the_wrapper_of_a_bare_model_is_found(tmp_path: Path) -> None:
+    port = free_port()
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}")
+    try:
+        bare = model()
+        wrapped = torch.nn.parallel.DistributedDataParallel(bare)
+        assert data_parallel_wrapper(bare) is wrapped
+        assert data_parallel_wrapper(wrapped) is wrapped
+        other = model()
+        assert data_parallel_wrapper(other) is other
+        # a model already given a hook keeps it, and watch says it cannot time it
+        hooked = torch.nn.parallel.DistributedDataParallel(model())
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        hooked.register_comm_hook(None, allreduce_hook)
+        assert watch_model(hooked) is None
+        # passed in, the job's own hook runs inside gpufleet's
+        mine = torch.nn.parallel.DistributedDataParallel(model())
+        assert isinstance(watch_model(mine, allreduce_hook, None), CollectiveWait)
+        mine(torch.randn(4, 16)).sum().backward()
+        assert mine.module[0].weight.grad is not None
+    finally:
+        dist.destroy_process_group()
