@@ -153,6 +153,8 @@ class RulesConfig:
     # millisecond steps must not page for a millisecond of jitter.
     straggler_min_excess_seconds: float = 0.02
     straggler_for: str = "3m"
+    # compute ratio at most this times the tokens ratio: the node's extra work, not its hardware
+    straggler_token_match_ratio: float = 1.05
     # Coverage is reported (info) once a stage has been without a comparison this long.
     detection_inactive_for: str = "15m"
     # Subtle stragglers (5-10% slower): the node ratio over a longer window, and the node

@@ -36,6 +36,11 @@ class TrainingSeries(SeriesNames):
     # a node's compute against its stage median
     compute_ratio: str = "node:gpufleet_training_compute_ratio:rate{rate_window}"
     compute_zscore: str = "node:gpufleet_training_compute_zscore:rate{rate_window}"
+    # per node-stage where its ranks report tokens: tokens per rank-step; its stage's
+    # median; the node's against that median
+    tokens: str = "node:gpufleet_training_tokens_per_step:rate{rate_window}"
+    stage_tokens: str = "stage:gpufleet_training_tokens_per_step:median{rate_window}"
+    tokens_ratio: str = "node:gpufleet_training_tokens_ratio:rate{rate_window}"
     # the stage's fastest node (stage imbalance compares stages by it)
     stage_fastest: str = "stage:gpufleet_training_slowest_compute_per_step:min{rate_window}"
     # per rank: compute seconds per step; ranks per stage
@@ -206,6 +211,18 @@ def replica_work_expr(config: RulesConfig, series: TrainingSeries) -> str:
     )
 
 
+def token_work_expr(config: RulesConfig, series: TrainingSeries) -> str:
+    """Nodes whose compute against their stage peers is at most their tokens per step
+    against the stage's median node (times straggler_token_match_ratio): their work,
+    not slow hardware. Only where the stage reports tokens; not a node whose GPU clocks
+    lower than the job's median node (as for a replica's work)."""
+    return (
+        f"{peer_ratio_expr(series)}\n"
+        f"<= on ({NODE_STAGE}) {series.tokens_ratio} * {config.straggler_token_match_ratio}\n"
+        f"unless on ({NODE_STAGE}) {series.clock_ratio} < {config.straggler_subtle_clock_ratio}"
+    )
+
+
 def training_recording(config: RulesConfig) -> list[Group]:
     sel = config.agent_selector
     w = config.rate_window
@@ -281,6 +298,17 @@ def training_recording(config: RulesConfig) -> list[Group]:
             f"/ {rate_sum('gpufleet_training_rank_steps_total', NODE_STAGE + ', rank')}",
         ),
         Record(ranks, f"count by ({STAGE}) ({rank})"),
+        # Tokens per rank-step (steps count one per rank per step). A stage whose ranks
+        # report no tokens (> 0 drops 0 and 0/0) has none, no median and no ratio.
+        Record(
+            series.tokens,
+            f"{rate_sum(ts.TOKENS.name, NODE_STAGE)}\n/ {rate_sum(ts.STEPS.name, NODE_STAGE)}\n> 0",
+        ),
+        Record(series.stage_tokens, f"quantile by ({STAGE}) (0.5, {series.tokens})"),
+        Record(
+            series.tokens_ratio,
+            f"{series.tokens} / on ({STAGE}) group_left {series.stage_tokens}",
+        ),
     ]
     coverage = [
         # Rank level, for stages of fewer nodes than straggler_min_peers only (a big stage
@@ -603,11 +631,14 @@ def training_alerts(config: RulesConfig) -> Group:
     share_median = series.data_wait_median
     replica = replica_imbalance_expr(config, series)
     replica_work = replica_work_expr(config, series).replace("\n", "\n  ")
+    token_work = token_work_expr(config, series).replace("\n", "\n  ")
     rules: list[Record | Alert] = [
         Alert(
             "GpuFleetStragglerNode",
-            # Not a node that a replica's extra work explains.
-            f"{series.straggler}\nunless on ({NODE_STAGE}) (\n  {replica_work}\n)",
+            # Not a node that a replica's extra work explains, nor one that the extra
+            # tokens its ranks processed per step explain.
+            f"{series.straggler}\nunless on ({NODE_STAGE}) (\n  {replica_work}\n)\n"
+            f"unless on ({NODE_STAGE}) (\n  {token_work}\n)",
             "warning",
             "A node computes persistently slower than its peers in the same pipeline stage.",
             f'{JOB_NODE} computes {{{{ $value | printf "%.2f" }}}}x its stage peers (the '
