@@ -57,7 +57,7 @@ class CollectiveWait:
     thread, at a step's end) returns the seconds waited since the previous ``take()``.
     """
 
-    def __init__(self, inner: CommHook, *, cuda: bool) -> None:
+    def __init__(self, inner: CommHook | None, *, cuda: bool) -> None:
         self._inner = inner
         self._cuda = cuda
         self._wait_s = 0.0
@@ -73,19 +73,36 @@ class CollectiveWait:
         if bucket.index() == 0:
             self._close_iteration()
         if self._cuda:
+            if not bucket.is_last():
+                return self._reduce(state, bucket)
             ready = torch.cuda.Event(enable_timing=True)
             ready.record()
             self._ready_event = ready
-            future = self._inner(state, bucket)
-            return future.then(self._arrived_cuda) if bucket.is_last() else future
+            return self._reduce(state, bucket).then(self._arrived_cuda)
         self._ready = time.perf_counter()
+        if self._inner is None:
+            # DDP's own averaging all-reduce with the timing in its one callback: a second
+            # callback per bucket would cost as much again (bench/real_pytorch.py)
+            group = state if state is not None else dist.group.WORLD
+            tensor = bucket.buffer()
+            tensor.div_(group.size())
+            return (
+                dist.all_reduce(tensor, group=group, async_op=True).get_future().then(self._reduced)
+            )
         return self._inner(state, bucket).then(self._arrived)
 
-    def _arrived(self, future: Any) -> Any:
+    def _reduce(self, state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        return (self._inner or allreduce_hook)(state, bucket)
+
+    def _reduced(self, future: Any) -> Any:
         # Runs in the process group's thread when this bucket's all-reduce completed;
         # DDP's backward waits for the returned future, so this ran before backward ends.
-        now = time.perf_counter()
-        self._done = max(self._done, now)
+        self._done = max(self._done, time.perf_counter())
+        return future.value()[0]
+
+    def _arrived(self, future: Any) -> Any:
+        # The same, after the job's own hook's future.
+        self._done = max(self._done, time.perf_counter())
         return future.value()
 
     def _arrived_cuda(self, future: Any) -> Any:
@@ -162,9 +179,9 @@ def watch_model(
         )
         return None
     device = next(iter(model.parameters()), torch.empty(0)).device  # type: ignore[attr-defined]
-    wait = CollectiveWait(comm_hook or allreduce_hook, cuda=device.type == "cuda")
+    wait = CollectiveWait(comm_hook, cuda=device.type == "cuda")
     if comm_hook is None:
-        state = getattr(model, "process_group", None) or dist.group.WORLD
+        state = getattr(model, "process_group", None)
     try:
         model.register_comm_hook(state, wait.hook)  # type: ignore[attr-defined]
     except RuntimeError as error:  # a hook is registered already: DDP takes only one
