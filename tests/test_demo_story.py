@@ -13,7 +13,6 @@ minutes of ``make demo`` take two. Order is asserted on Prometheus's firing time
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -33,9 +32,10 @@ from gpufleet.devstack import (
 from gpufleet.fleet.app import create_app
 from gpufleet.fleet.ledger_client import LedgerClient
 from gpufleet.fleet.store import LedgerStore
+from gpufleet.lab.realjob import compressed_rules
 from gpufleet.rules.config import RulesConfig
 from gpufleet.simulate.cluster import Cluster
-from gpufleet.simulate.config import ScenarioError, load_scenario, parse_duration
+from gpufleet.simulate.config import load_scenario
 from gpufleet.simulate.faults import Kind
 from gpufleet.simulate.ledger_feed import LedgerFeed, ledger_events
 from gpufleet.simulate.serve import SimulatorServer
@@ -50,25 +50,6 @@ PAGES = (
     {("GpuFleetCheckpointQueueBound", "sim-llm")},
     {("GpuFleetCriticalXid", "node-040"), ("GpuFleetGpuLost", "node-040")},
 )
-_BUDGETS_S = ("hang_min_seconds", "checkpoint_save_budget_s", "checkpoint_restore_budget_s")
-
-
-def compressed_rules(factor: int) -> RulesConfig:
-    """gpufleet's rules with every window, ``for`` duration and time budget ``factor``
-    times shorter, to match ``Scenario.compressed(factor)``."""
-    base = RulesConfig()
-    changes: dict[str, Any] = {}
-    for spec in dataclasses.fields(base):
-        value = getattr(base, spec.name)
-        if spec.name in _BUDGETS_S:
-            changes[spec.name] = value / factor
-        elif isinstance(value, str):
-            try:
-                seconds = parse_duration(value)
-            except ScenarioError:
-                continue  # a selector or a URL
-            changes[spec.name] = f"{max(1, round(seconds / factor))}s"
-    return dataclasses.replace(base, **changes)
 
 
 def page_key(alert: dict[str, Any]) -> tuple[str, str]:
