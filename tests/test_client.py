@@ -17,9 +17,15 @@ from typing import Any
 import pytest
 
 from gpufleet.agent.app import Agent, AgentSettings
-from gpufleet.client import Reporter, job_from_environment, rank_from_environment
+from gpufleet.client import (
+    Reporter,
+    attempt_from_environment,
+    job_from_environment,
+    rank_from_environment,
+)
 from gpufleet.devstack import free_port, wait_until
 from gpufleet.reporter import reporter as training_client
+from gpufleet.reporter.events import StepEvent
 
 
 def start_agent(
@@ -275,6 +281,25 @@ def test_configuration_from_launcher_environment(monkeypatch: pytest.MonkeyPatch
     assert reporter._headers["Authorization"] == "Bearer tok"
 
 
+def test_the_attempt_comes_from_the_launcher_and_an_argument_overrides_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in training_client._ATTEMPT_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    assert attempt_from_environment() == 0
+    assert Reporter(enabled=False).attempt == 0
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "3")
+    assert attempt_from_environment() == 3
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # torchrun's, ahead of Slurm's
+    reporter = Reporter(enabled=False, training_job="j", rank=2, pp_stage=1)
+    assert reporter.attempt == 1
+    payload = reporter._step_json(StepEvent(4, 1.0, None, 0.0, 0.0, 0, "train"))
+    assert (payload["rank"], payload["pp_stage"], payload["attempt"]) == (2, 1, 1)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "x")  # not a count: the next one is read
+    assert attempt_from_environment() == 3
+    assert Reporter(enabled=False, attempt=7).attempt == 7
+
+
 def test_flush_never_reports_done_while_a_taken_batch_is_unsent(
     serve_asgi: Callable[..., Any],
 ) -> None:
@@ -363,6 +388,7 @@ def test_the_largest_batch_the_client_sends_fits_what_the_agent_accepts() -> Non
     from gpufleet.agent import training_events as models
     from gpufleet.agent.training_aggregate import IngestLimits
     from gpufleet.reporter.events import (
+        MAX_ATTEMPT,
         MAX_BATCH_EVENTS,
         MAX_CHECKPOINT_BYTES,
         MAX_CHECKPOINT_SECONDS,
@@ -371,7 +397,6 @@ def test_the_largest_batch_the_client_sends_fits_what_the_agent_accepts() -> Non
         MAX_STEP_SECONDS,
         MAX_TOKENS_PER_STEP,
         CheckpointEvent,
-        StepEvent,
     )
 
     limits = IngestLimits()
@@ -380,12 +405,14 @@ def test_the_largest_batch_the_client_sends_fits_what_the_agent_accepts() -> Non
     assert MAX_CHECKPOINT_SECONDS == models.MAX_CHECKPOINT_SECONDS
     assert MAX_TOKENS_PER_STEP == models.MAX_TOKENS_PER_STEP
     assert MAX_CHECKPOINT_BYTES == models.MAX_CHECKPOINT_BYTES
+    assert MAX_ATTEMPT == models.MAX_ATTEMPT
     reporter = Reporter(
         enabled=False,
         training_job="j" * 128,
         rank=MAX_RANK,
         pp_stage=1023,
         dp_rank=MAX_RANK,
+        attempt=MAX_ATTEMPT,
         batch_size=10**6,
     )
     assert reporter._batch_size == MAX_BATCH_EVENTS  # clamped to what the agent takes
@@ -417,6 +444,7 @@ def test_the_token_can_come_from_a_file(tmp_path: Path, monkeypatch: pytest.Monk
         ({"rank": -1}, "rank=-1"),
         ({"pp_stage": 4096}, "pp_stage=4096"),
         ({"dp_rank": -2}, "dp_rank"),
+        ({"attempt": -1}, "attempt=-1"),
     ],
 )
 def test_an_identity_the_agent_would_refuse_disables_the_client_loudly(

@@ -529,6 +529,27 @@ def test_whole_seconds_are_accepted_as_seconds(node: Node) -> None:
 
 
 @pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (-1, "greater than or equal to 0"),
+        (1_000_001, "less than or equal to 1000000"),
+        (True, "valid integer"),
+        ("1", "valid integer"),
+        (1.0, "valid integer"),
+    ],
+)
+def test_a_bad_attempt_gets_422_naming_the_field(node: Node, value: Any, message: str) -> None:
+    response = node.post_steps([step(0, 0, attempt=0), step(1, 0, attempt=value)])
+    assert response.status_code == 422
+    details = response.json()["detail"]
+    assert any(d["field"] == "events.1.attempt" and message in d["message"] for d in details), (
+        details
+    )
+    assert response.json()["refused"] == [1]
+    assert node.training_state() == {}
+
+
+@pytest.mark.parametrize(
     "body",
     [
         b'{"events": [{"training_job": "j", "rank": 0, "rank": 5, "step": 0, "duration_s": 1}]}',

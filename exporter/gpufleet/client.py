@@ -9,6 +9,7 @@ from gpufleet.reporter.reporter import (
     CheckpointTimer,
     Reporter,
     StepTimer,
+    attempt_from_environment,
     job_from_environment,
     rank_from_environment,
 )
@@ -17,6 +18,7 @@ __all__ = [
     "CheckpointTimer",
     "Reporter",
     "StepTimer",
+    "attempt_from_environment",
     "job_from_environment",
     "rank_from_environment",
 ]

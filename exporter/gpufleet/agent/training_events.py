@@ -30,10 +30,12 @@ MAX_STEP_SECONDS = 3600.0
 MAX_CHECKPOINT_SECONDS = 86400.0
 MAX_TOKENS_PER_STEP = 10**9
 MAX_CHECKPOINT_BYTES = 10**15  # 1 PB
+MAX_ATTEMPT = 1_000_000  # launcher restarts of one job
 SPLIT_TOLERANCE = 1.05  # the parts of a step may exceed its wall time by timer jitter
 
 Rank = Annotated[int, Field(ge=0, le=1 << 20)]
 Stage = Annotated[int, Field(ge=0, le=1023)]
+Attempt = Annotated[int, Field(ge=0, le=MAX_ATTEMPT)]
 Seconds = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
 Phase = Literal["train", "eval", "checkpoint"]
 CheckpointOp = Literal["save", "restore"]
@@ -51,6 +53,9 @@ class StepEvent(_Strict):
     rank: Rank
     pp_stage: Stage = 0
     dp_rank: Rank | None = None
+    # The launcher's restart count (torchrun's TORCHELASTIC_RESTART_COUNT): 0 on the first
+    # launch, the same training_job on every restart. Absent: unknown (an older client).
+    attempt: Attempt | None = None
     step: Annotated[int, Field(ge=0, le=1 << 53)]
     duration_s: Annotated[float, Field(gt=0.0, le=MAX_STEP_SECONDS, allow_inf_nan=False)]
     compute_s: Annotated[float | None, Field(ge=0.0, le=MAX_STEP_SECONDS, allow_inf_nan=False)] = (

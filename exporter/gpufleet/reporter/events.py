@@ -24,6 +24,7 @@ MAX_CHECKPOINT_BYTES = 10**15
 MAX_STEP_NUMBER = 1 << 53
 MAX_RANK = 1 << 20
 MAX_STAGE = 1023
+MAX_ATTEMPT = 1_000_000
 MAX_ID_LENGTH = 128
 _PHASES = ("train", "eval", "checkpoint")
 
@@ -83,9 +84,16 @@ def whole(name: str, value: object, upper: int) -> int:
 
 
 def step_json(
-    event: StepEvent, training_job: str, rank: int, pp_stage: int, dp_rank: int | None
+    event: StepEvent,
+    training_job: str,
+    rank: int,
+    pp_stage: int,
+    *,
+    dp_rank: int | None = None,
+    attempt: int | None = None,
 ) -> dict[str, object]:
-    """The agent's JSON for one step, its parts made to add up to at most the step."""
+    """The agent's JSON for one step, its parts made to add up to at most the step.
+    ``attempt``: the launcher's restart count, fixed per Reporter (None: not sent)."""
     duration = seconds("duration_s", event.duration_s, MAX_STEP_SECONDS)
     if duration <= 0.0:
         raise InvalidEventError(f"duration_s={event.duration_s!r} is not above 0")
@@ -114,6 +122,8 @@ def step_json(
     )
     if dp_rank is not None:
         payload["dp_rank"] = dp_rank
+    if attempt is not None:
+        payload["attempt"] = attempt
     return payload
 
 

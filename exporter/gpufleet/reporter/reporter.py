@@ -49,6 +49,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar
 
 from gpufleet.reporter.events import (
+    MAX_ATTEMPT,
     MAX_BATCH_EVENTS,
     MAX_RANK,
     MAX_STAGE,
@@ -82,6 +83,7 @@ _JOB_VARIABLES = (
     "JOB_ID",
 )
 _RANK_VARIABLES = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
+_ATTEMPT_VARIABLES = ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT")
 _LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9._:@/+=-]")
 # A gap longer than this between two steps is not data loading (eval, logging, a stall).
 _MAX_AUTO_DATA_WAIT_S = 60.0
@@ -100,6 +102,16 @@ def job_from_environment() -> str:
 def rank_from_environment() -> int:
     """The global rank: RANK (torchrun), else SLURM_PROCID, OMPI / PMI variables, else 0."""
     for name in _RANK_VARIABLES:
+        value = os.environ.get(name, "").strip()
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+def attempt_from_environment() -> int:
+    """The launcher's restart count: TORCHELASTIC_RESTART_COUNT (torchrun), else
+    SLURM_RESTART_COUNT, else 0 (the first launch)."""
+    for name in _ATTEMPT_VARIABLES:
         value = os.environ.get(name, "").strip()
         if value.isdigit():
             return int(value)
@@ -246,6 +258,10 @@ class Reporter:
         pp_stage: this rank's pipeline-parallel stage; ranks are only compared with
             peers in the same stage.
         dp_rank: data-parallel rank, where known.
+        attempt: how many times the launcher restarted this job (default:
+            TORCHELASTIC_RESTART_COUNT under ``torchrun --max-restarts``, else
+            SLURM_RESTART_COUNT, else 0). Restarted workers keep the job id, so their
+            steps count under the same training_job; the agent exports the highest attempt.
         token: bearer token if the agent requires one (default: GPUFLEET_INGEST_TOKEN, else
             the content of the file named by GPUFLEET_INGEST_TOKEN_FILE).
         sync: called before a step's end time is taken, e.g. ``torch.cuda.synchronize``,
@@ -263,6 +279,7 @@ class Reporter:
         rank: int | None = None,
         pp_stage: int = 0,
         dp_rank: int | None = None,
+        attempt: int | None = None,
         token: str | None = None,
         sync: Callable[[], object] | None = None,
         buffer_size: int = 65_536,
@@ -282,6 +299,7 @@ class Reporter:
         self.rank = rank if rank is not None else rank_from_environment()
         self.pp_stage = pp_stage
         self.dp_rank = dp_rank
+        self.attempt = attempt if attempt is not None else attempt_from_environment()
         token = token if token is not None else _token_from_environment()
         self._headers = {"Content-Type": "application/json"}
         if token:
@@ -329,6 +347,7 @@ class Reporter:
             whole("pp_stage", self.pp_stage, MAX_STAGE)
             if self.dp_rank is not None:
                 whole("dp_rank", self.dp_rank, MAX_RANK)
+            whole("attempt", self.attempt, MAX_ATTEMPT)
         except InvalidEventError as error:
             log.error("gpufleet client disabled: %s", error)
             return False
@@ -592,7 +611,14 @@ class Reporter:
         return True
 
     def _step_json(self, event: StepEvent) -> dict[str, object]:
-        return step_json(event, self.training_job, self.rank, self.pp_stage, self.dp_rank)
+        return step_json(
+            event,
+            self.training_job,
+            self.rank,
+            self.pp_stage,
+            dp_rank=self.dp_rank,
+            attempt=self.attempt,
+        )
 
     def _checkpoint_json(self, event: CheckpointEvent) -> dict[str, object]:
         return checkpoint_json(event, self.training_job, self.rank)
