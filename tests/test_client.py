@@ -300,6 +300,20 @@ def test_the_attempt_comes_from_the_launcher_and_an_argument_overrides_it(
     assert Reporter(enabled=False, attempt=7).attempt == 7
 
 
+def test_every_sent_step_carries_the_attempt(serve_asgi: Callable[..., Any]) -> None:
+    agent, url = start_agent(serve_asgi)
+    reporter = Reporter(url, training_job="restarted", rank=0, attempt=2)
+    try:
+        for _ in range(3):
+            reporter.record_step(0.5)
+        assert reporter.flush(5)
+    finally:
+        reporter.close()
+    labels = {"training_job": "restarted", "pp_stage": "0"}
+    assert counter(agent, "gpufleet_training_steps_total", **labels) == 3
+    assert counter(agent, "gpufleet_training_attempt", **labels) == 2
+
+
 def test_flush_never_reports_done_while_a_taken_batch_is_unsent(
     serve_asgi: Callable[..., Any],
 ) -> None:

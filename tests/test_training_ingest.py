@@ -528,6 +528,28 @@ def test_whole_seconds_are_accepted_as_seconds(node: Node) -> None:
     assert node.post_steps([step(0, 0, duration_s=2, compute_s=1)]).status_code == 202
 
 
+def test_the_attempt_gauge_shows_the_highest_attempt_once_a_rank_reports_one(node: Node) -> None:
+    assert node.post_steps([step(0, 0), step(1, 0)]).status_code == 202
+    assert node.value("gpufleet_training_attempt", **STAGE0) is None  # absent: unknown
+    series = node.agent.training.series
+    assert node.post_steps([step(0, 1, attempt=1), step(1, 1, attempt=0)]).status_code == 202
+    assert node.value("gpufleet_training_attempt", **STAGE0) == 1
+    assert node.agent.training.series == series + 1  # the gauge's one series, counted
+    assert node.post_steps([step(0, 2, attempt=0), step(1, 2)]).status_code == 202
+    assert node.value("gpufleet_training_attempt", **STAGE0) == 1  # the highest seen
+    assert node.value("gpufleet_training_steps_total", **STAGE0) == 6  # one job, every attempt
+
+
+def test_an_attempt_series_past_the_series_cap_is_refused() -> None:
+    limits = IngestLimits(max_series=series_per_stage() + SERIES_PER_RANK)
+    for node in make_node(limits):
+        assert node.post_steps([step(0, 0)]).status_code == 202
+        response = node.post_steps([step(0, 1, attempt=1)])
+        assert response.status_code == 429, response.text
+        assert "the batch would add 1" in response.json()["detail"]
+        assert node.value("gpufleet_training_attempt", **STAGE0) is None
+
+
 @pytest.mark.parametrize(
     ("value", "message"),
     [

@@ -41,6 +41,7 @@ _MAX_PENDING_STEPS = 1024  # per stage: memory stays bounded however fast steps 
 # Series each unit adds to the scrape (checked against the families by a test).
 SERIES_PER_RANK = 2  # rank_compute_seconds, rank_steps
 SERIES_PER_CHECKPOINT_OP = 7  # 3 outcomes, queue wait, service, bytes, in flight
+SERIES_PER_ATTEMPT = 1  # the attempt gauge, once some rank of the stage reported one
 
 
 def series_per_stage(step_buckets: Sequence[float] = DEFAULT_STEP_BUCKETS) -> int:
@@ -115,6 +116,7 @@ class StageStats:
     last_step_time: float = 0.0
     last_step: int = 0
     finished_time: float = 0.0  # when every rank seen here had finished; 0 while any runs
+    attempt: int | None = None  # the highest launcher restart count reported; None: none was
     bucket_counts: list[int] = field(default_factory=list)
     phase_steps: Counter[str] = field(default_factory=Counter)
     phase_seconds: dict[str, float] = field(default_factory=dict)
@@ -163,6 +165,7 @@ _STAGE_SCALARS = (
     "last_step_time",
     "last_step",
     "finished_time",
+    "attempt",
     "active_ranks",
 )
 
@@ -247,6 +250,12 @@ class TrainingAggregator(Collector):
                     self._series += SERIES_PER_RANK
                     stage.active_ranks += 1
                 rank.last_seen = now
+                if event.attempt is not None:
+                    if stage.attempt is None:
+                        stage.attempt = event.attempt
+                        self._series += SERIES_PER_ATTEMPT
+                    elif event.attempt > stage.attempt:
+                        stage.attempt = event.attempt
                 if rank.finished:  # the rank runs again (a new attempt, or fit after test)
                     rank.finished = False
                     stage.finished_time = 0.0
@@ -358,6 +367,7 @@ class TrainingAggregator(Collector):
         new_jobs: set[str] = set()
         new_stages: set[tuple[str, int]] = set()
         new_ranks: dict[tuple[str, int], set[int]] = {}
+        new_attempts: set[tuple[str, int]] = set()  # stages whose attempt gauge appears
         for event in batch.events:
             job = jobs.get(event.training_job)
             if job is None:
@@ -368,7 +378,9 @@ class TrainingAggregator(Collector):
                 new_stages.add(key)
             if stage is None or event.rank not in stage.ranks:
                 new_ranks.setdefault(key, set()).add(event.rank)
-        if not new_ranks:
+            if event.attempt is not None and (stage is None or stage.attempt is None):
+                new_attempts.add(key)
+        if not new_ranks and not new_attempts:
             return  # every event lands on series that already exist
         self._check_jobs(new_jobs, len(batch.events))
         limits = self.limits
@@ -393,8 +405,10 @@ class TrainingAggregator(Collector):
                     f"--max-ranks-per-stage); new rank(s) {sorted(ranks)[:3]} refused. Is every "
                     "rank of the job sending to this node's agent?",
                 )
-        added = len(new_stages) * self._series_per_stage + SERIES_PER_RANK * sum(
-            len(ranks) for ranks in new_ranks.values()
+        added = (
+            len(new_stages) * self._series_per_stage
+            + SERIES_PER_RANK * sum(len(ranks) for ranks in new_ranks.values())
+            + SERIES_PER_ATTEMPT * len(new_attempts)
         )
         self._check_series(added, len(batch.events))
 
@@ -484,6 +498,9 @@ class TrainingAggregator(Collector):
         self._stages -= len(job.stages)
         self._series -= self._series_per_stage * len(job.stages)
         self._series -= SERIES_PER_RANK * sum(len(stage.ranks) for stage in job.stages.values())
+        self._series -= SERIES_PER_ATTEMPT * sum(
+            stage.attempt is not None for stage in job.stages.values()
+        )
         self._series -= SERIES_PER_CHECKPOINT_OP * len(job.checkpoints)
         self._jobs_expired += 1
 
@@ -558,6 +575,7 @@ def training_families(
     last_step = ts.STEP_NUMBER.gauge()
     ranks = ts.RANKS.gauge()
     finished = ts.FINISHED_TIMESTAMP.gauge()
+    attempt = ts.ATTEMPT.gauge()
     phase_n = ts.PHASE_STEPS.counter()
     phase_s = ts.PHASE_SECONDS.counter()
     rank_compute = ts.RANK_COMPUTE_SECONDS.counter()
@@ -584,6 +602,8 @@ def training_families(
             last_step.add_metric(labels, stage.last_step)
             ranks.add_metric(labels, stage.active_ranks)
             finished.add_metric(labels, stage.finished_time)
+            if stage.attempt is not None:
+                attempt.add_metric(labels, stage.attempt)
             for phase in ts.PHASES:
                 phase_n.add_metric([*labels, phase], stage.phase_steps.get(phase, 0))
                 phase_s.add_metric([*labels, phase], stage.phase_seconds.get(phase, 0.0))
@@ -592,7 +612,8 @@ def training_families(
                 rank_steps.add_metric([*labels, str(rank_id)], rank.steps)
     yield from (steps, step_s, compute_s, data_s, comm_s, tokens, slow_s, slow_n, split_n)
     yield histogram
-    yield from (last_ts, last_step, ranks, finished, phase_n, phase_s, rank_compute, rank_steps)
+    yield from (last_ts, last_step, ranks, finished, attempt)
+    yield from (phase_n, phase_s, rank_compute, rank_steps)
     yield from _checkpoint_families(node, jobs)
 
 

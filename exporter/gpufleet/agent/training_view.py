@@ -52,6 +52,8 @@ class StageView(Protocol):
     @property
     def finished_time(self) -> float: ...
     @property
+    def attempt(self) -> int | None: ...  # the highest a rank reported; None: none did
+    @property
     def phase_steps(self) -> Mapping[str, int]: ...
     @property
     def phase_seconds(self) -> Mapping[str, float]: ...
@@ -103,6 +105,7 @@ class StageCounts:
     last_step: int
     active_ranks: int
     finished_time: float = 0.0
+    attempt: int | None = None
     phase_steps: Mapping[str, int] = field(default_factory=dict)
     phase_seconds: Mapping[str, float] = field(default_factory=dict)
     ranks: Mapping[int, RankCounts] = field(default_factory=dict)

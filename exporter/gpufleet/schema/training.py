@@ -77,6 +77,11 @@ FINISHED_TIMESTAMP = _stage_gauge(
     "When every rank seen in this stage had reported that it finished (Unix time, "
     "agent clock); 0 while any rank still runs.",
 )
+ATTEMPT = _stage_gauge(
+    "gpufleet_training_attempt",
+    "The highest launcher restart count (attempt) a rank of this job reported on this node: "
+    "torchrun's TORCHELASTIC_RESTART_COUNT, Slurm's SLURM_RESTART_COUNT.",
+)
 PHASE_STEPS = _stage_counter(
     "gpufleet_training_phase_steps_total",
     "Steps per phase (train, eval, checkpoint), one per rank per step.",
@@ -141,6 +146,7 @@ TRAINING_FAMILIES = (
     STEP_NUMBER,
     RANKS,
     FINISHED_TIMESTAMP,
+    ATTEMPT,
     PHASE_STEPS,
     PHASE_SECONDS,
     RANK_COMPUTE_SECONDS,
