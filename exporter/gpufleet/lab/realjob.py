@@ -161,6 +161,7 @@ class JobResult:
     """What a lab job did and what gpufleet said of it (epoch seconds)."""
 
     spec: JobSpec
+    launched_at: float
     first_step_at: float
     slowed_at: float | None
     ended_at: float
@@ -245,11 +246,14 @@ def _worker_environment(agent_url: str) -> dict[str, str]:
 def _launchers(spec: JobSpec, workdir: Path, agents: list[NodeAgent]) -> list[ManagedProcess]:
     rendezvous = f"127.0.0.1:{free_port()}"
     stop_file = workdir / "stop"
+    stop_file.unlink(missing_ok=True)  # a workdir used before: not this job's
     launchers = []
     for index, agent in enumerate(agents):
         node_dir = workdir / spec.node_name(index)
         node_dir.mkdir(parents=True, exist_ok=True)
-        workload = spec.workload(index, stop_file, node_dir / "events.jsonl")
+        events_file = node_dir / "events.jsonl"
+        events_file.unlink(missing_ok=True)
+        workload = spec.workload(index, stop_file, events_file)
         argv = [
             *_torchrun(),
             f"--nnodes={spec.nodes}",
@@ -342,6 +346,7 @@ def run_job(
     """Run ``spec`` for real and report what fired; ``until(result so far)`` may end the
     job before ``duration_s`` (it sees the alerts, not yet the ratio series)."""
     workdir.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(workdir / "prometheus", ignore_errors=True)  # an earlier job's samples
     rules = spec.rules
     rule_paths = [str(path) for path in write_all(workdir / "rules", rules)]
     agents: list[NodeAgent] = []
@@ -372,16 +377,21 @@ def run_job(
             launched=launched,
             until=until,
         )
-        _stop_job(workdir, launchers)
+        # Every rank stops within check_every steps; torchrun takes seconds more to exit,
+        # which the queries overlap.
+        (workdir / "stop").touch()
         series = TrainingSeries.of(rules)
         end = time.time()
-        events = _events(spec, workdir)
-        return dataclasses.replace(
+        result = dataclasses.replace(
             result,
             alerts=observed_alerts(prometheus, launched),
             compute_ratio=_per_node(prometheus, series.compute_ratio, launched, end),
             compute_per_step=_per_node(prometheus, series.slowest, launched, end),
-            steps={node: _steps(found) for node, found in events.items()},
+        )
+        _wait_stopped(launchers)
+        events = _events(spec, workdir)
+        return dataclasses.replace(
+            result, steps={node: _steps(found) for node, found in events.items()}
         )
     finally:
         for launcher in launchers:
@@ -422,18 +432,17 @@ def _watch(
                 tails = "\n".join(launcher.log_tail(15) for launcher in launchers)
                 raise LabError(f"the job took no step in {START_TIMEOUT_S:.0f}s:\n{tails}")
         else:
-            result = JobResult(
-                spec, first_step, _first(events, "slow"), now, observed_alerts(prometheus, launched)
-            )
+            slowed = _first(events, "slow")
+            alerts = observed_alerts(prometheus, launched)
+            result = JobResult(spec, launched, first_step, slowed, now, alerts)
             if now - first_step >= spec.duration_s or (until is not None and until(result)):
                 return result
         time.sleep(1.0)
 
 
-def _stop_job(workdir: Path, launchers: list[ManagedProcess]) -> None:
-    """Ask every rank to stop (they agree on the step within ``check_every`` steps) and
-    wait for the launchers to exit; ``run_job`` kills any left by PID."""
-    (workdir / "stop").touch()
+def _wait_stopped(launchers: list[ManagedProcess]) -> None:
+    """Wait for the launchers of a job asked to stop to exit; ``run_job`` kills any left
+    by PID."""
     deadline = time.monotonic() + STOP_TIMEOUT_S
     for launcher in launchers:
         if launcher.process is not None:
