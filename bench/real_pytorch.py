@@ -136,7 +136,7 @@ def _fmt(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def report(outcomes: list[Outcome], time_factor: int) -> None:
+def report(outcomes: list[Outcome], time_factor: int) -> dict[str, str]:
     print(f"\n{'class':<14} {'recall':>8} {'95% interval':>15} {'detect median':>14} "
           f"{'max':>6} {'false pages':>12}")  # fmt: skip
     for label in dict.fromkeys(o.label for o in outcomes):
@@ -155,10 +155,11 @@ def report(outcomes: list[Outcome], time_factor: int) -> None:
     total_false = sum(len(o.false_pages) for o in outcomes)
     slow = [o for o in outcomes if o.slow]
     print(f"(times uncompressed: the rules ran {time_factor}x compressed)")
-    print(
-        f"real_pytorch_runs={len(outcomes)} slow_found={sum(o.found for o in slow)}/{len(slow)} "
-        f"false_pages={total_false}"
-    )
+    return {
+        "real_pytorch_runs": str(len(outcomes)),
+        "slow_found": f"{sum(o.found for o in slow)}/{len(slow)}",
+        "false_pages": str(total_false),
+    }
 
 
 # -- the hook's cost ------------------------------------------------------------------
@@ -209,7 +210,7 @@ def _overhead_rank(rank: int, port: int, steps: int, block: int, out: str) -> No
     dist.destroy_process_group()
 
 
-def overhead(steps: int, block: int) -> None:
+def overhead(steps: int, block: int) -> dict[str, str]:
     import torch
     import torch.multiprocessing as mp
 
@@ -224,6 +225,7 @@ def overhead(steps: int, block: int) -> None:
         "\nhook cost: 2 gloo ranks, three DDP wrappers of one model (built-in all-reduce, "
         f"it as a Python hook, watched) in alternating blocks of {block} steps ({steps} steps)"
     )
+    added = []
     for rank, result in enumerate(results):
         median = {name: statistics.median(result["times"][name][block:]) * 1e3
                   for name in VARIANTS}  # fmt: skip
@@ -233,6 +235,8 @@ def overhead(steps: int, block: int) -> None:
             for name, value in median.items()
         )
         print(f"rank {rank}: step median {shown}")
+        added.append((median["watched"] - median["python hook"]) * 1e3)
+    return {"hook_over_python_hook_us": f"{statistics.median(added):+.0f}"}
 
 
 def _overhead_entry(rank: int, port: int, steps: int, block: int, outs: list[str]) -> None:
@@ -252,12 +256,14 @@ def main() -> int:
     parser.add_argument("--skip-jobs", action="store_true")
     parser.add_argument("--skip-overhead", action="store_true")
     args = parser.parse_args()
+    figures: dict[str, str] = {}
     if not args.skip_jobs:
         with tempfile.TemporaryDirectory(prefix="gpufleet-real-") as tmp:
             outcomes = run_jobs(args, Path(tmp))
-        report(outcomes, JobSpec().time_factor)
+        figures |= report(outcomes, JobSpec().time_factor)
     if not args.skip_overhead:
-        overhead(args.overhead_steps, 100)
+        figures |= overhead(args.overhead_steps, 100)
+    print(" ".join(f"{key}={value}" for key, value in figures.items()))
     return 0
 
 

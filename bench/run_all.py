@@ -44,6 +44,12 @@ BENCHES: list[tuple[str, str, list[str], list[str] | None]] = [
     ),
     ("detection (quick)", "detect.py", ["--quick"], ["--quick"]),
     (
+        "fail-slow on real PyTorch (DDP, gloo)",
+        "real_pytorch.py",
+        [],
+        ["--factors", "1.3", "--placements", "1", "--overhead-steps", "600"],
+    ),
+    (
         "dashboard panel queries (512 nodes)",
         "dashboard_queries.py",
         [],
