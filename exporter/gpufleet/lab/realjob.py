@@ -420,9 +420,10 @@ def _watch(
     while True:
         for index, launcher in enumerate(launchers):
             if not launcher.running():
+                code = launcher.process.returncode if launcher.process else None
                 raise LabError(
-                    f"{spec.node_name(index)}'s torchrun exited before the job was stopped:\n"
-                    f"{launcher.log_tail(40)}"
+                    f"{spec.node_name(index)}'s torchrun exited (status {code}) before the "
+                    f"job was stopped:\n{launcher.log_tail(40)}"
                 )
         events = _events(spec, workdir)
         first_step = _first(events, "first_step")
