@@ -57,7 +57,8 @@ class Workload:
     def device_seconds(self, since_first_step_s: float) -> float:
         """The device time of a step this long after the first one."""
         slowed = self.slow_factor if since_first_step_s >= self.slow_after_s else 1.0
-        return self.device_s * self.work_factor * slowed
+        # in proportion to the tokens, as rounded to whole ones
+        return self.device_s * self.tokens_per_seq / self.seq_len * slowed
 
     @property
     def slows(self) -> bool:
