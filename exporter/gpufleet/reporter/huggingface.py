@@ -21,6 +21,7 @@ from transformers import TrainerCallback
 
 from gpufleet.reporter.reporter import Reporter
 from gpufleet.reporter.stepclock import StepClock
+from gpufleet.reporter.tokens import ForwardTokenCounter
 
 
 class GpuFleetTrainerCallback(TrainerCallback):  # type: ignore[misc]
@@ -30,7 +31,10 @@ class GpuFleetTrainerCallback(TrainerCallback):  # type: ignore[misc]
         reporter: a configured Reporter; by default one is made at train begin
             with the Trainer's process index as rank.
         pp_stage: this rank's pipeline stage (when the reporter is made here).
-        tokens_per_step: returns tokens processed per step, given the TrainerState.
+        tokens_per_step: returns tokens processed per step, given the TrainerState; by
+            default this rank's ``input_ids`` elements passed to the model's forward
+            during the step (micro-batches of gradient accumulation summed). Tokens let
+            the straggler rule tell a node given longer batches from a slow one.
         synchronize_cuda: synchronise CUDA before reading the clock (default True).
         time_collectives: watch the Trainer's DDP model to tell this rank's compute from
             its wait for peers (default True).
@@ -50,6 +54,7 @@ class GpuFleetTrainerCallback(TrainerCallback):  # type: ignore[misc]
         self._tokens = tokens_per_step
         self._synchronize_cuda = synchronize_cuda
         self._clock = StepClock()
+        self._counter: ForwardTokenCounter | None = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.reporter is None:
@@ -59,12 +64,16 @@ class GpuFleetTrainerCallback(TrainerCallback):  # type: ignore[misc]
 
             self._clock.sync = torch.cuda.synchronize
         model = kwargs.get("model")
+        if self._tokens is None and model is not None and self._counter is None:
+            self._counter = ForwardTokenCounter(model)
         if self._time_collectives and model is not None:
             from gpufleet.reporter.collectives import data_parallel_wrapper
 
             self.reporter.watch(data_parallel_wrapper(model))
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._counter is not None:
+            self._counter.take()  # forwards between steps (evaluation) are not this step's
         self._clock.begin()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -73,10 +82,18 @@ class GpuFleetTrainerCallback(TrainerCallback):  # type: ignore[misc]
             self.reporter.record_step(
                 step_s,
                 data_wait_s=data_wait,
-                tokens=self._tokens(state) if self._tokens is not None else 0,
+                tokens=self._step_tokens(state),
                 step=int(state.global_step),
             )
 
+    def _step_tokens(self, state: Any) -> int:
+        if self._tokens is not None:
+            return self._tokens(state)
+        return self._counter.take() if self._counter is not None else 0
+
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._counter is not None:
+            self._counter.remove()
+            self._counter = None
         if self.reporter is not None:
             self.reporter.finish()

@@ -27,6 +27,7 @@ except ImportError:  # the standalone package of Lightning < 2.0 naming
 
 from gpufleet.reporter.reporter import Reporter
 from gpufleet.reporter.stepclock import StepClock
+from gpufleet.reporter.tokens import input_ids_tokens
 
 
 class GpuFleetCallback(Callback):  # type: ignore[misc]
@@ -36,8 +37,9 @@ class GpuFleetCallback(Callback):  # type: ignore[misc]
         reporter: a configured Reporter; by default one is made in ``setup`` with
             the trainer's global rank and ``pp_stage``.
         pp_stage: this rank's pipeline stage (when the reporter is made here).
-        tokens_per_batch: returns the number of tokens in a batch, if you want
-            token throughput.
+        tokens_per_batch: returns the number of tokens in a batch; by default the
+            elements of ``batch["input_ids"]`` (0 for a batch without it). Tokens let
+            the straggler rule tell a node given longer batches from a slow one.
         synchronize_cuda: synchronise CUDA before reading the clock (default True).
         time_collectives: watch the strategy's DDP model to tell this rank's compute
             from its wait for peers (default True).
@@ -55,7 +57,7 @@ class GpuFleetCallback(Callback):  # type: ignore[misc]
         self._time_collectives = time_collectives
         self.reporter = reporter
         self._pp_stage = pp_stage
-        self._tokens = tokens_per_batch
+        self._tokens = tokens_per_batch or input_ids_tokens
         self._synchronize_cuda = synchronize_cuda
         self._clock = StepClock()
         self._train_steps = 0
@@ -79,7 +81,7 @@ class GpuFleetCallback(Callback):  # type: ignore[misc]
 
     def _end(self, batch: Any, phase: str) -> None:
         step_s, data_wait = self._clock.end()
-        tokens = self._tokens(batch) if self._tokens is not None else 0
+        tokens = self._tokens(batch)
         if self.reporter is None:
             return
         self.reporter.record_step(
