@@ -302,8 +302,14 @@ def test_attempt_metrics_downtime_and_chains_survive_a_restart(
     def get(name: str, **labels: str) -> float:
         return before[(name, frozenset({**job, **labels}.items()))]
 
-    assert get("gpufleet_fleet_job_attempts_total", trigger="auto", outcome="failed") == 2
-    assert get("gpufleet_fleet_job_attempts_total", trigger="auto", outcome="running") == 1
+    assert (
+        get("gpufleet_fleet_job_attempts_total", trigger="auto", outcome="failed", source="manual")
+        == 2
+    )
+    assert (
+        get("gpufleet_fleet_job_attempts_total", trigger="auto", outcome="running", source="manual")
+        == 1
+    )
     # downtime: failed end -> next first step (2: 600 s, 4: 10400 s, 5: 500 s)
     assert get("gpufleet_fleet_recovery_downtime_seconds_count", trigger="auto") == 2
     assert get("gpufleet_fleet_recovery_downtime_seconds_sum", trigger="auto") == 600 + 500
@@ -339,5 +345,74 @@ def test_a_version_1_database_is_migrated_without_losing_rows(tmp_path: Path) ->
         rows = store.exclusions()
         assert [(r["node"], r["release_note"]) for r in rows] == [("n1", "")]
         assert store._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    finally:
+        store.close()
+
+
+def test_every_event_keeps_its_source_and_exports_it_as_a_label(ledger: Ledger) -> None:
+    assert ledger.post("/v1/exclusions", exclusion("n1", source="slurm")).status_code == 201
+    released = ledger.post("/v1/releases", {"node": "n1", "at": NOW - 60, "source": "slurm"})
+    assert released.status_code == 200
+    assert ledger.post("/v1/exclusions", exclusion("n2", source="kubernetes")).status_code == 201
+    job = {"training_job": "run-7", "attempt": 1, "at": NOW - 500}
+    started = {**job, "event": "started", "trigger": "initial", "source": "torchrun"}
+    assert ledger.post("/v1/attempts", started).status_code == 201
+    # a later event of the attempt names who sent it, the attempt keeps its start's source
+    ended = {**job, "event": "ended", "outcome": "failed", "source": "slurm"}
+    assert ledger.post("/v1/attempts", ended).status_code == 200
+    manual = {"training_job": "run-7", "attempt": 2, "event": "started", "trigger": "manual"}
+    assert ledger.post("/v1/attempts", manual).status_code == 201
+
+    rows = {r["node"]: r for r in ledger.client.get("/v1/exclusions").json()}
+    assert (rows["n1"]["source"], rows["n1"]["release_source"]) == ("slurm", "slurm")
+    assert (rows["n2"]["source"], rows["n2"]["release_source"]) == ("kubernetes", None)
+    attempts = ledger.client.get("/v1/attempts").json()
+    assert [a["source"] for a in attempts] == ["torchrun", "manual"]
+    metrics = ledger.metrics()
+    exclusions = "gpufleet_fleet_node_exclusions_total"
+    assert (
+        metrics[
+            (exclusions, frozenset({"node": "n1", "reason": "xid79", "source": "slurm"}.items()))
+        ]
+        == 1
+    )
+    attempts_total = "gpufleet_fleet_job_attempts_total"
+    labels = {
+        "training_job": "run-7",
+        "trigger": "initial",
+        "outcome": "failed",
+        "source": "torchrun",
+    }
+    assert metrics[(attempts_total, frozenset(labels.items()))] == 1
+    refused = ledger.post("/v1/attempts", {**started, "attempt": 3, "source": "cron"})
+    assert refused.status_code == 422 and "source" in refused.text
+
+
+def test_a_version_3_database_keeps_its_exclusions_and_sources_after_migrating(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "v3.db"
+    database = sqlite3.connect(path)
+    for script in MIGRATIONS[:3]:
+        for statement in filter(str.strip, script.split(";")):
+            database.execute(statement)
+    database.execute(
+        "INSERT INTO exclusions (node, reason, source, excluded_at, released_at, "
+        "idempotency_key) VALUES ('n1', 'xid79', 'auto', 1800000000, 1800000100, 'k1')"
+    )
+    database.execute(
+        "INSERT INTO attempts (training_job, attempt, trigger, started_at) "
+        "VALUES ('j', 1, 'initial', 1800000000)"
+    )
+    database.execute("PRAGMA user_version = 3")
+    database.commit()
+    database.close()
+    store = LedgerStore(path)
+    try:
+        assert store.schema_version == len(MIGRATIONS)
+        [row] = store.exclusions()
+        assert (row["node"], row["source"], row["release_source"]) == ("n1", "auto", "manual")
+        assert [a["source"] for a in store.attempts()] == ["manual"]
+        assert store.snapshot().jobs["j"].attempts == {("initial", "running", "manual"): 1}
     finally:
         store.close()

@@ -178,7 +178,7 @@ def test_the_migration_backfills_the_counters_from_existing_history(tmp_path: Pa
         assert comparable(snapshot) == recomputed(store, clock.now)
         assert sum(n for *_, n in snapshot.exclusion_counts) == 100
         assert snapshot.excluded == ["n0", "n1", "n2", "n3", "n4"]
-        assert snapshot.jobs["llm"].attempts[("auto", "failed")] == 5
+        assert snapshot.jobs["llm"].attempts[("auto", "failed", "manual")] == 5
         assert snapshot.label_values == {"node": 5, "reason": 2, "training_job": 2}
     finally:
         store.close()

@@ -108,9 +108,9 @@ def build(config: RulesConfig) -> dm.Dashboard:
     # The ledger's attempt and retry-chain counters, one table each by job and outcome.
     ledger_tables = (
         ("Job attempts: automatic vs manual",
-         "Attempts of each job by what started them (auto retry or an operator) and how "
-         "they ended; retry chains by outcome.",
-         "training_job, trigger, outcome", ledger.ATTEMPTS.name, "attempts"),
+         "Attempts of each job by what started them (auto retry or an operator), how "
+         "they ended, and the system that reported them (source).",
+         "training_job, trigger, outcome, source", ledger.ATTEMPTS.name, "attempts"),
         ("Retry chains",
          "Chains of automatic retries per job by how they ended, and the failed attempts "
          f"of the current chain ({config.retry_chain_failed_attempts} page: GpuFleetRetryChainFailing).",

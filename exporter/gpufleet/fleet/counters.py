@@ -43,7 +43,7 @@ class Downtime:
 class JobSummary:
     """Everything the ledger exports about one training job."""
 
-    attempts: dict[tuple[str, str], int]  # (trigger, outcome or "running") -> attempts
+    attempts: dict[tuple[str, str, str], int]  # (trigger, outcome or "running", source) -> n
     downtime: dict[str, Downtime]  # by the next attempt's trigger
     chains: dict[str, int]  # closed chains by outcome
     open_failed: int  # failed automatic attempts in the open chain
@@ -52,7 +52,7 @@ class JobSummary:
     def to_json(self) -> str:
         return json.dumps(
             {
-                "attempts": [[t, o, n] for (t, o), n in sorted(self.attempts.items())],
+                "attempts": [[t, o, n, src] for (t, o, src), n in sorted(self.attempts.items())],
                 "downtime": {t: [list(d.buckets), d.sum] for t, d in sorted(self.downtime.items())},
                 "chains": self.chains,
                 "open_failed": self.open_failed,
@@ -63,7 +63,7 @@ class JobSummary:
     def from_json(cls, text: str, valid_until: float | None) -> JobSummary:
         data = json.loads(text)
         return cls(
-            attempts={(t, o): n for t, o, n in data["attempts"]},
+            attempts={(t, o, (rest or ["manual"])[0]): n for t, o, n, *rest in data["attempts"]},
             downtime={t: Downtime(tuple(b), s) for t, (b, s) in data["downtime"].items()},
             chains=data["chains"],
             open_failed=data["open_failed"],
@@ -78,8 +78,9 @@ def summarise_job(
 ) -> JobSummary:
     """One job's exported values from its attempts (all of them, any order)."""
     rows = list(attempts)
-    counts: Counter[tuple[str, str]] = Counter(
-        (str(a["trigger"]), str(a["outcome"] or "running")) for a in rows
+    counts: Counter[tuple[str, str, str]] = Counter(
+        (str(a["trigger"]), str(a["outcome"] or "running"), str(a.get("source") or "manual"))
+        for a in rows
     )
     history = job_history(rows, now, healthy_after)
     by_trigger: dict[str, list[float]] = {}

@@ -38,8 +38,8 @@ def ledger_families(snapshot: LedgerSnapshot) -> Iterator[Metric]:
     jobs = sorted(snapshot.jobs.items())
     attempt_family = schema.ATTEMPTS.counter()
     for job, summary in jobs:
-        for (trigger, outcome), number in sorted(summary.attempts.items()):
-            attempt_family.add_metric([job, trigger, outcome], number)
+        for (trigger, outcome, source), number in sorted(summary.attempts.items()):
+            attempt_family.add_metric([job, trigger, outcome, source], number)
     yield attempt_family
 
     downtime = schema.DOWNTIME.histogram()

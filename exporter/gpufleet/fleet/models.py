@@ -1,4 +1,16 @@
-"""What writers send to the fleet ledger. Unknown fields are refused, times are Unix seconds."""
+"""What writers send to the fleet ledger. Unknown fields are refused, times are Unix seconds.
+
+Every event names its ``source``: the system that saw it and wrote it (``torchrun``, the
+training job's own client; ``slurm``, ``gpufleet slurm-watch``; ``kubernetes``, the Node
+watch; ``alertmanager``, a page through the webhook; ``manual``, a person, the default;
+``auto``, any other automation). It is stored with the event and is the ``source`` label of
+``gpufleet_fleet_node_exclusions_total`` and ``gpufleet_fleet_job_attempts_total``.
+
+A writer that turns another system's events into ledger writes derives the request's
+``Idempotency-Key`` from the event itself, ``<source>:<what identifies the event>`` (e.g.
+``slurm:<cluster>:<node>:drain:<state change time>``), so a replayed or duplicated event
+gets the first answer and is never stored twice.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +28,8 @@ Reason = Annotated[
     str,
     StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$"),
 ]
+Source = Literal["manual", "auto", "torchrun", "slurm", "kubernetes", "alertmanager"]
+SOURCES: tuple[str, ...] = Source.__args__  # type: ignore[attr-defined]
 # Between 2001 and 2286: catches milliseconds sent as seconds, and zero.
 Timestamp = Annotated[float, Field(gt=1e9, lt=1e10, allow_inf_nan=False)]
 
@@ -29,7 +43,7 @@ class ExclusionIn(_Strict):
 
     node: NodeName
     reason: Reason
-    source: Literal["auto", "manual"] = "manual"
+    source: Source = "manual"
     training_job: TrainingJob | None = None
     at: Timestamp | None = None  # default: when the ledger receives it
     note: Annotated[str, StringConstraints(max_length=500)] = ""
@@ -41,6 +55,7 @@ class ReleaseIn(_Strict):
     node: NodeName
     at: Timestamp | None = None
     note: Annotated[str, StringConstraints(max_length=500)] = ""
+    source: Source = "manual"
 
 
 class AttemptEventIn(_Strict):
@@ -53,3 +68,4 @@ class AttemptEventIn(_Strict):
     outcome: Literal["success", "failed", "cancelled"] | None = None  # required for ended
     cause: Reason | None = None
     at: Timestamp | None = None
+    source: Source = "manual"  # kept from the started event: the attempt's source

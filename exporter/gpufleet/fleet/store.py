@@ -111,6 +111,36 @@ MIGRATIONS: tuple[str, ...] = (
         valid_until REAL
     ) WITHOUT ROWID;
     """,
+    # 4: every event names the system that wrote it (models.SOURCES): exclusions lose the
+    # auto/manual CHECK (SQLite changes a CHECK only by rebuilding the table), releases and
+    # attempts gain the column; job summaries are recomputed (attempts gain a source label).
+    """
+    CREATE TABLE exclusions_v4 (
+        id INTEGER PRIMARY KEY,
+        node TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        source TEXT NOT NULL,
+        training_job TEXT,
+        excluded_at REAL NOT NULL,
+        released_at REAL,
+        note TEXT NOT NULL DEFAULT '',
+        idempotency_key TEXT NOT NULL,
+        release_note TEXT NOT NULL DEFAULT '',
+        release_source TEXT
+    );
+    INSERT INTO exclusions_v4 (id, node, reason, source, training_job, excluded_at,
+        released_at, note, idempotency_key, release_note, release_source)
+        SELECT id, node, reason, source, training_job, excluded_at, released_at, note,
+            idempotency_key, release_note,
+            CASE WHEN released_at IS NULL THEN NULL ELSE 'manual' END
+        FROM exclusions;
+    DROP TABLE exclusions;
+    ALTER TABLE exclusions_v4 RENAME TO exclusions;
+    CREATE INDEX exclusions_node ON exclusions (node, excluded_at);
+    CREATE INDEX exclusions_time ON exclusions (excluded_at);
+    CREATE INDEX exclusions_open ON exclusions (node) WHERE released_at IS NULL;
+    ALTER TABLE attempts ADD COLUMN source TEXT NOT NULL DEFAULT 'manual';
+    """,
 )
 
 
@@ -263,7 +293,7 @@ class LedgerStore:
             try:
                 for statement in filter(str.strip, script.split(";")):
                     self._db.execute(statement)
-                if version == 3:
+                if version in (3, 4):
                     self._backfill_job_summaries(self._db)
                 self._db.execute(f"PRAGMA user_version = {version}")
                 self._db.execute("COMMIT")
@@ -329,6 +359,9 @@ class LedgerStore:
         request: dict[str, Any],
         apply: Callable[[sqlite3.Connection, float], tuple[int, dict[str, Any]]],
     ) -> Future[Stored]:
+        if request.get("kind") in ("release", "attempt") and request.get("source") == "manual":
+            # as before `source` existed, so a retry across the upgrade is still a replay
+            request = {k: v for k, v in request.items() if k != "source"}
         digest = hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
 
         def work(db: sqlite3.Connection) -> Stored:
@@ -440,8 +473,9 @@ class LedgerStore:
                     f"release time {at} is before the exclusion at {row['excluded_at']}"
                 )
             db.execute(
-                "UPDATE exclusions SET released_at = ?, release_note = ? WHERE id = ?",
-                (at, event.note, row["id"]),
+                "UPDATE exclusions SET released_at = ?, release_note = ?, release_source = ? "
+                "WHERE id = ?",
+                (at, event.note, event.source, row["id"]),
             )
             return 200, {"id": row["id"], "node": event.node, "released_at": at}
 
@@ -471,9 +505,9 @@ class LedgerStore:
                 raise LedgerConflictError(f"{where} has already started")
             self._admit(db, "training_job", job)
             db.execute(
-                "INSERT INTO attempts (training_job, attempt, trigger, started_at) "
-                "VALUES (?, ?, ?, ?)",
-                (job, number, event.trigger, at),
+                "INSERT INTO attempts (training_job, attempt, trigger, started_at, source) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (job, number, event.trigger, at, event.source),
             )
             return 201, {"training_job": job, "attempt": number, "started_at": at}
         if row is None:

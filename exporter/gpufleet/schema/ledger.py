@@ -7,7 +7,8 @@ from gpufleet.schema.family import MetricDef
 EXCLUSIONS = MetricDef(
     "gpufleet_fleet_node_exclusions_total",
     "counter",
-    "Node exclusions recorded in the ledger, by node, reason and source (auto, manual).",
+    "Node exclusions recorded in the ledger, by node, reason and source (the system that "
+    "wrote it: torchrun, slurm, kubernetes, alertmanager, auto, manual).",
     ("node", "reason", "source"),
 )
 EXCLUDED = MetricDef(
@@ -22,9 +23,9 @@ EXCLUDED_NODES = MetricDef(
 ATTEMPTS = MetricDef(
     "gpufleet_fleet_job_attempts_total",
     "counter",
-    "Job attempts by trigger (initial, auto, manual) and outcome "
-    "(success, failed, cancelled, running).",
-    ("training_job", "trigger", "outcome"),
+    "Job attempts by trigger (initial, auto, manual), outcome "
+    "(success, failed, cancelled, running) and source (the system that reported it).",
+    ("training_job", "trigger", "outcome", "source"),
 )
 DOWNTIME = MetricDef(
     "gpufleet_fleet_recovery_downtime_seconds",
