@@ -3,8 +3,8 @@
 Every command declares its flags the same way (:class:`~gpufleet.cli.options.Option`, each
 parsing one of the value kinds in ``kinds``; ``resolve`` turns the parsed values into
 settings, tokens and logging), one module per family: ``agent`` (agent, nvml-record),
-``fleet`` (the ledger and the commands that talk to it), ``simulate`` (simulate, demo,
-mixin). Every flag of a long-running
+``fleet`` (the ledger and the commands that talk to it), ``kube`` (kube-watch),
+``simulate`` (simulate, demo, mixin). Every flag of a long-running
 service can also be set from a ``GPUFLEET_*`` environment variable (the Helm chart and
 compose file set those); a flag on the command line wins over the environment. What a
 command does lives in the package it belongs to; a command here only turns flags into
@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from gpufleet import __version__
 from gpufleet.cli.agent import AGENT, AGENT_OPTIONS, NVML_RECORD, ingest_token, node_name
 from gpufleet.cli.fleet import EXCLUDE, EXCLUSIONS, FLEET, FLEET_OPTIONS, RELEASE, REPORT
+from gpufleet.cli.kube import KUBE_WATCH
 from gpufleet.cli.options import Command, ConfigError, Group
 from gpufleet.cli.simulate import DEMO, MIXIN, SIMULATE
 from gpufleet.fleet.ledger_client import LedgerError
@@ -52,6 +53,7 @@ COMMANDS: tuple[Command | Group, ...] = (
     RELEASE,
     REPORT,
     EXCLUSIONS,
+    KUBE_WATCH,
     DEMO,
     MIXIN,
 )

@@ -1,0 +1,1 @@
+"""Collectors that record exclusions and attempts in the ledger from where they happen."""

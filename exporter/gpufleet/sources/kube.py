@@ -1,0 +1,903 @@
+"""Node exclusions from Kubernetes: ``gpufleet kube-watch``.
+
+One watcher per cluster (a sidecar in the ledger's pod) follows the Node objects
+through the API server's list/watch protocol, over plain HTTPS with the standard
+library: ``GET /api/v1/nodes`` (paged), then ``?watch=1&resourceVersion=...
+&allowWatchBookmarks=true``, one JSON event per line of a chunked response.
+BOOKMARK events move the resource version on; ``410 Gone`` (an ERROR event or the
+answer to the watch itself) means the version was compacted away, so it lists again
+and diffs what it finds against what it knew, which is how a change missed in the
+gap (a node uncordoned meanwhile) is still recorded. Other failures reconnect with
+exponential backoff; a watch the server ends (``timeoutSeconds``) resumes at once.
+
+A node is *out of service* while any of these holds: it is cordoned
+(``spec.unschedulable``), it carries a ``NoSchedule`` / ``NoExecute`` taint whose key
+matches ``--taints`` (and not ``--ignore-taints``), or a node condition whose type
+matches ``--conditions`` is ``True``. Going out of service is one exclusion in the
+ledger, coming back one release. Its reason comes from the condition or taint (an
+XID named in it is kept as ``xid79``), else ``cordoned``; the first reason of an
+episode stays (the ledger keeps one open exclusion per node).
+
+Writes go through the ledger's idempotent API with ``source="kubernetes"`` and a key
+derived from the node and the resource version at which the change was seen, so a
+replayed event or a resync never counts twice. What the watcher knows starts from the
+ledger's open exclusions, so a restarted watcher does not record again what is already
+there; it releases only exclusions it wrote itself (their keys start ``kube-``), never
+one an operator or another source opened. The writes wait in an in-memory queue while
+the ledger cannot be reached; one lost with the process is found again by the next
+start's list.
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import fnmatch
+import hashlib
+import json
+import logging
+import os
+import random
+import re
+import ssl
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from gpufleet.fleet.ledger_client import LedgerClient, LedgerError
+from gpufleet.schema.family import MetricDef
+from gpufleet.secrets import SecretFileError, read_secret_file
+
+log = logging.getLogger(__name__)
+
+SOURCE = "kubernetes"
+KEY_PREFIX = "kube-"
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+NODES_PATH = "/api/v1/nodes"
+LIST_PAGE = 500
+
+# NVSentinel's fault-quarantine taints live under nvidia.com/ (its docs/INTEGRATIONS.md:
+# nvidia.com/gpu-xid-error, nvidia.com/syslog-xid-error, ...). nvidia.com/gpu itself is
+# the taint that reserves a GPU node pool for GPU pods (GKE puts nvidia.com/gpu=present:
+# NoSchedule on every GPU node): it says what a node is for, not that it is out.
+DEFAULT_TAINTS = ("nvidia.com/*",)
+DEFAULT_IGNORED_TAINTS = ("nvidia.com/gpu",)
+# NVSentinel's conditions (set True only for fatal health events, same document): the
+# GPU health monitor's Gpu*Watch and the syslog monitor's XID / SXID / fallen-off-bus
+# checks, NVSwitch failures; and XidCriticalError, a condition some node problem
+# detector setups report an XID under.
+DEFAULT_CONDITIONS = (
+    "Gpu*",
+    "SysLogsXIDError",
+    "SysLogsSXIDError",
+    "SysLogsGPUFallenOff",
+    "NVSwitchFatalError",
+    "NVSwitchDown",
+    "XidCriticalError",
+)
+EXCLUDING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+
+# "Xid 79", "XID: 79", "xid79", the kernel's "Xid (PCI:0000:cb:00): 79"; not "SXID 12".
+_XID = re.compile(r"(?<![a-z])xid(?:\s*\([^)]*\))?[\s:=#_-]*(\d{1,3})(?!\d)", re.IGNORECASE)
+# NVSentinel's condition messages carry the error codes: "[79] ..." or "ErrorCode:79 ...".
+_CODE = re.compile(r"(?:^|\[|error\s*code\s*[:=])\s*(\d{1,3})(?!\d)", re.IGNORECASE)
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
+_NOT_REASON = re.compile(r"[^a-z0-9_.:-]+")
+
+
+def xid_reason(text: str, codes_are_xids: bool = False) -> str | None:
+    """``xid79`` for an XID named in ``text``; with ``codes_are_xids``, also a leading code."""
+    found = _XID.search(text) or (_CODE.search(text) if codes_are_xids else None)
+    return f"xid{int(found.group(1))}" if found else None
+
+
+def normalise_reason(name: str) -> str:
+    """A ledger reason from a condition type or taint key: ``GpuMemWatch`` ->
+    ``gpu_mem_watch``, ``nvidia.com/gpu-xid-error`` -> ``gpu-xid-error``."""
+    tail = name.rsplit("/", 1)[-1]
+    text = _NOT_REASON.sub("_", _CAMEL.sub("_", tail).lower()).strip("_.:-")
+    return text[:64] or "tainted"
+
+
+def _rfc3339(value: Any) -> float | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Signal:
+    """One thing on a Node that takes it out of service."""
+
+    kind: str  # condition, taint or cordon
+    name: str  # the condition type, the taint as key=value:effect, or "unschedulable"
+    reason: str
+    since: float | None = None  # when it began, where the object says (a condition)
+
+    @property
+    def names_xid(self) -> bool:
+        return self.reason.startswith("xid")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRules:
+    """What on a Node counts as out of service (``gpufleet kube-watch`` flags)."""
+
+    taints: tuple[str, ...] = DEFAULT_TAINTS
+    ignored_taints: tuple[str, ...] = DEFAULT_IGNORED_TAINTS
+    conditions: tuple[str, ...] = DEFAULT_CONDITIONS
+    cordon: bool = True
+
+    def signals(self, node: Mapping[str, Any]) -> tuple[Signal, ...]:
+        """The node's signals, conditions first, then taints, then the cordon."""
+        spec, status = node.get("spec") or {}, node.get("status") or {}
+        found: list[Signal] = []
+        for condition in status.get("conditions") or []:
+            kind = str(condition.get("type", ""))
+            if condition.get("status") != "True" or not _matches(kind, self.conditions):
+                continue
+            reason = (
+                xid_reason(str(condition.get("message", "")), codes_are_xids=_names_xid(kind))
+                or xid_reason(str(condition.get("reason", "")))
+                or normalise_reason(kind)
+            )
+            found.append(Signal("condition", kind, reason, _rfc3339(condition.get(
+                "lastTransitionTime"))))  # fmt: skip
+        for taint in spec.get("taints") or []:
+            key, value = str(taint.get("key", "")), str(taint.get("value", ""))
+            if taint.get("effect") not in EXCLUDING_EFFECTS:
+                continue
+            if not _matches(key, self.taints) or _matches(key, self.ignored_taints):
+                continue
+            reason = (
+                xid_reason(f"{key} {value}")
+                or xid_reason(value, codes_are_xids=_names_xid(key))
+                or normalise_reason(key)
+            )
+            shown = f"{key}={value}:{taint.get('effect')}" if value else f"{key}:{taint['effect']}"
+            found.append(Signal("taint", shown, reason, _rfc3339(taint.get("timeAdded"))))
+        if self.cordon and spec.get("unschedulable") is True:
+            found.append(Signal("cordon", "unschedulable", "cordoned"))
+        return tuple(found)
+
+
+def _names_xid(name: str) -> bool:
+    """Whether a condition type or taint key is about XIDs (SysLogsXIDError, gpu-xid-error;
+    not SysLogsSXIDError), so that a bare code in its message or value is an XID."""
+    return "xid" in re.split(r"[^a-z0-9]+", normalise_reason(name))
+
+
+def _matches(name: str, patterns: Sequence[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+
+
+def episode_reason(signals: Sequence[Signal]) -> str:
+    """The reason an exclusion is recorded with: an XID if a signal names one, else the
+    first signal's (a condition says why more precisely than a taint, a taint than a cordon)."""
+    return next((s.reason for s in signals if s.names_xid), signals[0].reason)
+
+
+def ledger_key(action: str, node: str, resource_version: str) -> str:
+    """The Idempotency-Key of one change: the same node changed at the same resource
+    version is the same write, however often the event is replayed."""
+    digest = hashlib.sha256(f"{action}\0{node}\0{resource_version}".encode()).hexdigest()
+    return f"{KEY_PREFIX}{action}-{digest[:40]}"
+
+
+# --- the API server ------------------------------------------------------------------
+
+
+class KubeApiError(RuntimeError):
+    """The API server could not be reached or refused; the message says which."""
+
+    def __init__(self, message: str, status: int | None = None, reason: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason or ("unreachable" if status is None else f"http_{status}")
+
+
+class Gone(KubeApiError):
+    """410: the resource version asked for is older than the server keeps; list again."""
+
+
+@dataclass(frozen=True)
+class ApiAccess:
+    """Where the API server is and how to prove who we are to it."""
+
+    server: str
+    token: str | None = None
+    token_file: str | None = None  # re-read for every request: bound tokens rotate
+    ca_file: str | None = None
+    ca_data: str | None = None  # PEM
+    insecure: bool = False
+    client_cert_pem: str | None = None
+    client_key_pem: str | None = None
+
+    def bearer(self) -> str | None:
+        if self.token_file:
+            try:
+                return read_secret_file(self.token_file)
+            except SecretFileError as error:
+                raise KubeApiError(f"the service account token: {error}") from None
+        return self.token
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        if not self.server.startswith("https:"):
+            return None
+        context = ssl.create_default_context(cafile=self.ca_file, cadata=self.ca_data)
+        if self.insecure:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        if self.client_cert_pem and self.client_key_pem:
+            # ssl loads a certificate chain only from files: written 0600, loaded, removed.
+            with tempfile.TemporaryDirectory() as directory:
+                cert, key = Path(directory, "client.crt"), Path(directory, "client.key")
+                for path, pem in ((cert, self.client_cert_pem), (key, self.client_key_pem)):
+                    path.touch(0o600)
+                    path.write_text(pem)
+                context.load_cert_chain(cert, key)
+        return context
+
+
+def in_cluster_access(
+    environ: Mapping[str, str] = os.environ, directory: Path = SERVICE_ACCOUNT_DIR
+) -> ApiAccess:
+    """The pod's own service account, as every in-cluster client finds it."""
+    host, port = environ.get("KUBERNETES_SERVICE_HOST"), environ.get("KUBERNETES_SERVICE_PORT")
+    if not host or not port:
+        raise ValueError(
+            "not in a pod (KUBERNETES_SERVICE_HOST / _PORT are unset); give --kubeconfig"
+        )
+    token = directory / "token"
+    if not token.exists():
+        raise ValueError(
+            f"no service account token at {token}: mount one (the chart does when "
+            "fleet.kubeWatch.enabled) or give --kubeconfig"
+        )
+    host = f"[{host}]" if ":" in host else host
+    return ApiAccess(f"https://{host}:{port}", token_file=str(token),
+                     ca_file=str(directory / "ca.crt"))  # fmt: skip
+
+
+def kubeconfig_access(path: str, context: str | None = None) -> ApiAccess:
+    """The server and credentials of a kubeconfig's context (its current one by default):
+    a token, a token file or a client certificate; exec and auth-provider plugins are not run."""
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        config = json.loads(text)
+    except ValueError:
+        import yaml  # kubeconfigs are YAML; the image has pyyaml (the sim extra)
+
+        config = yaml.safe_load(text)
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} is not a kubeconfig")
+    base = Path(path).parent
+
+    def named(section: str, name: str) -> dict[str, Any]:
+        for entry in config.get(section) or []:
+            if entry.get("name") == name:
+                return dict(entry.get(section[:-1]) or {})
+        raise ValueError(f"{path}: no {section[:-1]} named {name!r}")
+
+    def file_path(value: str) -> str:
+        return str(base / value) if not os.path.isabs(value) else value
+
+    def data(value: str) -> str:
+        return base64.b64decode(value).decode()
+
+    chosen = context or config.get("current-context")
+    if not chosen:
+        raise ValueError(f"{path} has no current-context; give --context")
+    ctx = named("contexts", chosen)
+    cluster, user = named("clusters", ctx.get("cluster", "")), named("users", ctx.get("user", ""))
+    if "exec" in user or "auth-provider" in user:
+        raise ValueError(
+            f"{path}: user {ctx.get('user')!r} authenticates through a plugin, which kube-watch "
+            "does not run; give it a token (a service account's) or a client certificate"
+        )
+    if not cluster.get("server"):
+        raise ValueError(f"{path}: cluster {ctx.get('cluster')!r} has no server")
+    cert, key = user.get("client-certificate-data"), user.get("client-key-data")
+    return ApiAccess(
+        server=str(cluster["server"]).rstrip("/"),
+        token=user.get("token"),
+        token_file=file_path(user["tokenFile"]) if user.get("tokenFile") else None,
+        ca_file=file_path(cluster["certificate-authority"])
+        if cluster.get("certificate-authority")
+        else None,
+        ca_data=data(cluster["certificate-authority-data"])
+        if cluster.get("certificate-authority-data")
+        else None,
+        insecure=bool(cluster.get("insecure-skip-tls-verify")),
+        client_cert_pem=data(cert) if cert else _read(user.get("client-certificate"), base),
+        client_key_pem=data(key) if key else _read(user.get("client-key"), base),
+    )
+
+
+def _read(name: str | None, base: Path) -> str | None:
+    return (base / name).read_text() if name else None
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    type: str  # ADDED, MODIFIED, DELETED, BOOKMARK
+    object: dict[str, Any]
+
+    @property
+    def resource_version(self) -> str:
+        return str((self.object.get("metadata") or {}).get("resourceVersion", ""))
+
+
+class KubeApi:
+    """LIST and WATCH of Node objects."""
+
+    def __init__(self, access: ApiAccess, timeout: float = 30.0, page: int = LIST_PAGE) -> None:
+        if not access.server.startswith(("https://", "http://")):
+            raise ValueError(f"the API server {access.server!r} is not an https:// URL")
+        self.access = access
+        self.timeout = timeout
+        self.page = page
+        self._context = access.ssl_context()
+
+    def _open(self, params: Mapping[str, str], timeout: float) -> Any:
+        query = urllib.parse.urlencode(params)
+        headers = {"Accept": "application/json", "User-Agent": "gpufleet-kube-watch"}
+        token = self.access.bearer()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        url = f"{self.access.server}{NODES_PATH}?{query}"
+        request = urllib.request.Request(url, headers=headers)  # noqa: S310 - http(s) only
+        try:
+            return urllib.request.urlopen(request, timeout=timeout, context=self._context)  # noqa: S310
+        except urllib.error.HTTPError as error:
+            body = error.read().decode(errors="replace")
+            try:
+                message = json.loads(body).get("message", body)
+            except (ValueError, AttributeError):
+                message = body
+            kind = Gone if error.code == 410 else KubeApiError
+            raise kind(f"the API server answered {error.code}: {message}", error.code) from None
+        except (urllib.error.URLError, OSError) as error:
+            message = f"cannot reach the API server {self.access.server}: {error}"
+            raise KubeApiError(message) from None
+
+    def list_nodes(self) -> tuple[list[dict[str, Any]], str]:
+        """Every Node, page by page, and the list's resource version to watch from."""
+        items: list[dict[str, Any]] = []
+        params = {"limit": str(self.page)}
+        while True:
+            with self._open(params, self.timeout) as response:
+                try:
+                    page = json.loads(response.read())
+                except ValueError as error:
+                    message = f"an undecodable node list: {error}"
+                    raise KubeApiError(message, reason="decode") from None
+            items += page.get("items") or []
+            metadata = page.get("metadata") or {}
+            if not metadata.get("continue"):
+                return items, str(metadata.get("resourceVersion", ""))
+            params = {"limit": str(self.page), "continue": str(metadata["continue"])}
+
+    def watch_nodes(self, resource_version: str, timeout_s: int) -> Iterator[WatchEvent]:
+        """Open a watch of the changes after ``resource_version``; its events until the
+        server ends it (raises here when the watch cannot be opened)."""
+        params = {
+            "watch": "1",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(timeout_s),
+        }
+        # A read that waits longer than the server's own timeout is a dead connection.
+        return self._events(self._open(params, timeout_s + self.timeout))
+
+    @staticmethod
+    def _events(response: Any) -> Iterator[WatchEvent]:
+        with response:
+            while True:
+                try:
+                    line = response.readline()
+                except OSError as error:
+                    raise KubeApiError(f"the watch broke off: {error}") from None
+                if not line:
+                    return
+                if not line.strip():
+                    continue
+                try:
+                    event = json.loads(line)
+                    kind, obj = str(event["type"]), dict(event["object"])
+                except (ValueError, KeyError, TypeError) as error:
+                    message = f"an undecodable watch event: {error}"
+                    raise KubeApiError(message, reason="decode") from None
+                if kind == "ERROR":
+                    code = obj.get("code")
+                    message = f"the watch ended with {code}: {obj.get('message', '')}"
+                    raise (Gone if code == 410 else KubeApiError)(message, code)
+                yield WatchEvent(kind, obj)
+
+
+# --- the watcher -----------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Tracked:
+    """A node as the ledger will see it once the queued writes are in."""
+
+    excluded: bool
+    ours: bool  # this watcher opened the exclusion, so it may release it
+    at: float  # when it was excluded / released
+    key: str = ""  # the exclusion's Idempotency-Key
+
+
+@dataclass(frozen=True, slots=True)
+class Write:
+    action: str  # exclude or release
+    node: str
+    key: str
+    payload: dict[str, Any]
+
+    @property
+    def path(self) -> str:
+        return "/v1/exclusions" if self.action == "exclude" else "/v1/releases"
+
+
+@dataclass
+class WatchStats:
+    """What the watcher saw and did, for its /metrics."""
+
+    events: collections.Counter[str] = field(default_factory=collections.Counter)
+    changes: collections.Counter[str] = field(default_factory=collections.Counter)
+    writes: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
+    send_failures: collections.Counter[str] = field(default_factory=collections.Counter)
+    resyncs: collections.Counter[str] = field(default_factory=collections.Counter)
+    api_errors: collections.Counter[str] = field(default_factory=collections.Counter)
+    nodes: int = 0
+    out_of_service: int = 0
+    pending: int = 0
+    watching: bool = False
+    last_list: float = 0.0
+
+
+class Backoff:
+    """Exponential delays with jitter, reset after a success."""
+
+    def __init__(self, initial: float, maximum: float) -> None:
+        self.initial, self.maximum = initial, maximum
+        self.delay = initial
+
+    def next(self) -> float:
+        delay = self.delay * random.uniform(0.5, 1.0)
+        self.delay = min(self.delay * 2, self.maximum)
+        return delay
+
+    def reset(self) -> None:
+        self.delay = self.initial
+
+
+class NodeWatcher:
+    """Turns Node changes into the ledger's exclusions and releases."""
+
+    def __init__(
+        self,
+        api: KubeApi,
+        ledger: LedgerClient,
+        rules: NodeRules | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        watch_timeout_s: int = 300,
+        backoff: tuple[float, float] = (1.0, 30.0),
+    ) -> None:
+        self.api, self.ledger, self.rules = api, ledger, rules or NodeRules()
+        self.clock = clock
+        self.watch_timeout_s = watch_timeout_s
+        self.backoff = backoff
+        self.stats = WatchStats()
+        self.source = SOURCE  # "auto" once a ledger that predates named sources refuses it
+        self.known: dict[str, Tracked] = {}
+        self.out_of_service: set[str] = set()
+        self.seen: set[str] = set()
+        self.resource_version = ""
+        self._delivered = 0  # watch events since the last list
+        self._lock = threading.Lock()
+        self._queue: collections.deque[Write] = collections.deque()
+        self._wake = threading.Condition(self._lock)
+
+    # The API side: list, diff, watch.
+
+    def run(self, stop: threading.Event) -> None:
+        """List and watch until ``stop`` is set; a sender thread delivers the writes."""
+        sender = threading.Thread(target=self._send_loop, args=(stop,), daemon=True,
+                                  name="kube-watch-sender")  # fmt: skip
+        self._load_ledger_state(stop)
+        sender.start()
+        retry = Backoff(*self.backoff)
+        relist, reason = True, "startup"
+        while not stop.is_set():
+            try:
+                if relist:
+                    self.resync(reason)
+                    relist = False
+                    retry.reset()
+                self.watch_once()  # until the server ends it: watch again from where it was
+            except Gone as gone:
+                log.info("%s; listing the nodes again", gone)
+                self._count_api_error(gone)
+                if reason == "gone" and not self._delivered:
+                    stop.wait(retry.next())  # gone again before a single event: slow down
+                relist, reason = True, "gone"
+            except KubeApiError as error:
+                # A failed list is listed again; a broken watch resumes at its version.
+                log.warning("%s; retrying", error)
+                self._count_api_error(error)
+                reason = "error"
+                stop.wait(retry.next())
+            else:
+                retry.reset()
+            with self._lock:
+                self.stats.watching = False
+        with self._wake:
+            self._wake.notify_all()
+
+    def _count_api_error(self, error: KubeApiError) -> None:
+        with self._lock:
+            self.stats.api_errors[error.reason] += 1
+
+    def _load_ledger_state(self, stop: threading.Event) -> None:
+        """Start from the ledger's open exclusions, waiting until the ledger answers."""
+        retry = Backoff(*self.backoff)
+        while not stop.is_set():
+            if self._refresh_from_ledger():
+                return
+            stop.wait(retry.next())
+
+    def _refresh_from_ledger(self) -> bool:
+        try:
+            rows = self.ledger.get("/v1/excluded")
+        except LedgerError as error:
+            log.warning("cannot read the ledger's open exclusions: %s", error)
+            with self._lock:
+                self.stats.send_failures["read"] += 1
+            return False
+        with self._lock:
+            self.known = {
+                str(row["node"]): Tracked(
+                    True,
+                    str(row.get("idempotency_key", "")).startswith(KEY_PREFIX),
+                    float(row["excluded_at"]),
+                    str(row.get("idempotency_key", "")),
+                )
+                for row in rows
+            }
+        return True
+
+    def resync(self, reason: str) -> None:
+        """List every node and record what changed since what was known."""
+        items, resource_version = self.api.list_nodes()
+        with self._lock:
+            idle = not self._queue
+        # With nothing queued, the ledger's own state is the truth to diff against (an
+        # operator may have released a node meanwhile); else what the queue will make it.
+        if idle:
+            self._refresh_from_ledger()
+        listed = {}
+        for node in items:
+            name = str((node.get("metadata") or {}).get("name", ""))
+            if name:
+                listed[name] = node
+        with self._lock:
+            self._delivered = 0
+            self.stats.resyncs[reason] += 1
+            self.stats.last_list = self.clock()
+            gone = (self.seen | set(self.known)) - set(listed)
+            for name, node in listed.items():
+                self._reconcile(name, node, self._version(node, resource_version))
+            for name in sorted(gone):
+                self._reconcile(name, None, resource_version)
+            self.seen = set(listed)
+            self.resource_version = resource_version
+            self._gauges()
+        log.info("listed %d nodes at resource version %s (%s)", len(listed),
+                 resource_version, reason)  # fmt: skip
+
+    @staticmethod
+    def _version(node: Mapping[str, Any], fallback: str) -> str:
+        return str((node.get("metadata") or {}).get("resourceVersion") or fallback)
+
+    def watch_once(self) -> None:
+        """One watch request, from the last resource version until the server ends it."""
+        events = self.api.watch_nodes(self.resource_version, self.watch_timeout_s)
+        with self._lock:
+            self.stats.watching = True
+        for event in events:
+            with self._lock:
+                self._delivered += 1
+                self.stats.events[event.type] += 1
+                version = event.resource_version or self.resource_version
+                if event.type in ("ADDED", "MODIFIED", "DELETED"):
+                    name = str((event.object.get("metadata") or {}).get("name", ""))
+                    if name:
+                        live = event.type != "DELETED"
+                        (self.seen.add if live else self.seen.discard)(name)
+                        self._reconcile(name, event.object if live else None, version)
+                        self._gauges()
+                if version:
+                    self.resource_version = version
+
+    def _gauges(self) -> None:
+        self.stats.nodes = len(self.seen)
+        self.stats.out_of_service = len(self.out_of_service)
+        self.stats.pending = len(self._queue)
+
+    def _reconcile(self, name: str, node: Mapping[str, Any] | None, version: str) -> None:
+        """Queue the write, if any, that brings the ledger to what ``node`` says (under the
+        lock)."""
+        signals = self.rules.signals(node) if node is not None else ()
+        (self.out_of_service.add if signals else self.out_of_service.discard)(name)
+        tracked = self.known.get(name)
+        now = self.clock()
+        if signals and (tracked is None or not tracked.excluded):
+            began = [s.since for s in signals if s.since is not None]
+            at = min(min(began, default=now), now)
+            if tracked is not None:
+                at = max(at, tracked.at)  # never before the last release
+            key = ledger_key("exclude", name, version)
+            note = "; ".join(f"{s.kind} {s.name}" for s in signals)
+            payload = {"node": name, "reason": episode_reason(signals), "source": SOURCE,
+                       "at": at, "note": f"kubernetes: {note}"[:500]}  # fmt: skip
+            self._enqueue(Write("exclude", name, key, payload))
+            self.known[name] = Tracked(True, True, at, key)
+            self.stats.changes["exclude"] += 1
+        elif not signals and tracked is not None and tracked.excluded and tracked.ours:
+            at = max(now, tracked.at)
+            why = "back in service" if node is not None else "the Node object was deleted"
+            payload = {"node": name, "at": at, "note": f"kubernetes: {why}"}
+            self._enqueue(Write("release", name, ledger_key("release", name, version), payload))
+            self.known[name] = Tracked(False, False, at)
+            self.stats.changes["release"] += 1
+
+    def _enqueue(self, write: Write) -> None:
+        self._queue.append(write)
+        self._wake.notify_all()
+
+    # The ledger side: one sender, in order, retrying what did not arrive with its key.
+
+    def _send_loop(self, stop: threading.Event) -> None:
+        retry = Backoff(*self.backoff)
+        while True:
+            with self._wake:
+                while not self._queue and not stop.is_set():
+                    self._wake.wait()
+                if not self._queue:
+                    return
+                write = self._queue[0]
+            if self._send(write):
+                retry.reset()
+                with self._lock:
+                    self._queue.popleft()
+                    self._gauges()
+            elif stop.wait(retry.next()):
+                return
+
+    def _send(self, write: Write) -> bool:
+        """Deliver one write; False when it should be tried again (same key)."""
+        payload = write.payload
+        if "source" in payload and self.source != SOURCE:
+            payload = {**payload, "source": self.source}
+        try:
+            self.ledger.post(write.path, payload, write.key, retries=0)
+            outcome = "accepted"
+        except LedgerError as error:
+            if error.status == 422 and "source" in str(error) and self.source == SOURCE:
+                # A ledger from before sources were named: record it as "auto" (the note
+                # still says kubernetes) rather than not at all; refused, nothing was stored.
+                log.warning("the ledger does not know source=%s; sending source=auto", SOURCE)
+                self.source = "auto"
+                return self._send(write)
+            if error.status is None or error.status >= 500:
+                log.warning("%s of %s not delivered (will retry): %s", write.action,
+                            write.node, error)  # fmt: skip
+                with self._lock:
+                    self.stats.send_failures[write.action] += 1
+                return False
+            outcome = "conflict" if error.status == 409 else "refused"
+            log_at = logging.INFO if outcome == "conflict" else logging.ERROR
+            log.log(log_at, "%s of %s: %s", write.action, write.node, error)
+            if outcome == "conflict" and write.action == "exclude":
+                # Already excluded by someone else (an operator, another source): theirs
+                # to release, not ours.
+                with self._lock:
+                    tracked = self.known.get(write.node)
+                    if tracked is not None and tracked.key == write.key:
+                        tracked.ours = False
+        with self._lock:
+            self.stats.writes[(write.action, outcome)] += 1
+        return True
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._queue)
+
+    def snapshot(self) -> WatchStats:
+        with self._lock:
+            return WatchStats(
+                events=collections.Counter(self.stats.events),
+                changes=collections.Counter(self.stats.changes),
+                writes=collections.Counter(self.stats.writes),
+                send_failures=collections.Counter(self.stats.send_failures),
+                resyncs=collections.Counter(self.stats.resyncs),
+                api_errors=collections.Counter(self.stats.api_errors),
+                nodes=self.stats.nodes,
+                out_of_service=self.stats.out_of_service,
+                pending=len(self._queue),
+                watching=self.stats.watching,
+                last_list=self.stats.last_list,
+            )
+
+
+def drain(watcher: NodeWatcher, within_s: float) -> int:
+    """Wait up to ``within_s`` for the queued writes to be delivered; how many are left."""
+    deadline = time.monotonic() + within_s
+    while watcher.pending() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return watcher.pending()
+
+
+# --- its own metrics ---------------------------------------------------------------------
+
+EVENTS = MetricDef(
+    "gpufleet_kube_watch_events_total",
+    "counter",
+    "Node watch events received, by type (ADDED, MODIFIED, DELETED, BOOKMARK).",
+    ("type",),
+)
+CHANGES = MetricDef(
+    "gpufleet_kube_watch_changes_total",
+    "counter",
+    "Nodes seen going out of service (exclude) or back (release), each queued once for the ledger.",
+    ("action",),
+)
+WRITES = MetricDef(
+    "gpufleet_kube_watch_ledger_writes_total",
+    "counter",
+    "Writes the ledger answered: accepted (stored or replayed), conflict (already so), "
+    "refused (a 4xx: not retried).",
+    ("action", "outcome"),
+)
+SEND_FAILURES = MetricDef(
+    "gpufleet_kube_watch_ledger_failures_total",
+    "counter",
+    "Tries that did not reach the ledger or got a 5xx (writes are retried with their key; "
+    "read: the open exclusions could not be read).",
+    ("action",),
+)
+PENDING = MetricDef(
+    "gpufleet_kube_watch_ledger_pending", "gauge", "Writes queued for the ledger, not yet answered."
+)
+RESYNCS = MetricDef(
+    "gpufleet_kube_watch_resyncs_total",
+    "counter",
+    "Full lists of the nodes, by why: startup, gone (410: the watch's version was compacted), "
+    "error (the last list failed).",
+    ("reason",),
+)
+API_ERRORS = MetricDef(
+    "gpufleet_kube_watch_api_errors_total",
+    "counter",
+    "Failed lists and watches, by reason (unreachable, decode, http_<code>).",
+    ("reason",),
+)
+NODES = MetricDef("gpufleet_kube_watch_nodes", "gauge", "Node objects in the watcher's view.")
+OUT_OF_SERVICE = MetricDef(
+    "gpufleet_kube_watch_nodes_out_of_service",
+    "gauge",
+    "Nodes cordoned, tainted or with a condition that counts as out of service.",
+)
+WATCHING = MetricDef(
+    "gpufleet_kube_watch_up", "gauge", "1 while a watch of the nodes is open, else 0."
+)
+LAST_LIST = MetricDef(
+    "gpufleet_kube_watch_last_list_timestamp_seconds",
+    "gauge",
+    "When the nodes were last listed in full (Unix time).",
+)
+KUBE_WATCH_FAMILIES = (
+    EVENTS, CHANGES, WRITES, SEND_FAILURES, PENDING, RESYNCS, API_ERRORS, NODES,
+    OUT_OF_SERVICE, WATCHING, LAST_LIST,
+)  # fmt: skip
+
+
+class KubeWatchCollector(Collector):
+    """The watcher's report on itself, from one snapshot per scrape."""
+
+    def __init__(self, watcher: NodeWatcher) -> None:
+        self.watcher = watcher
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.watcher.snapshot()
+        labelled: tuple[tuple[MetricDef, Mapping[Any, int], tuple[str, ...]], ...] = (
+            (EVENTS, stats.events, ("ADDED", "MODIFIED", "DELETED", "BOOKMARK")),
+            (CHANGES, stats.changes, ("exclude", "release")),
+            (SEND_FAILURES, stats.send_failures, ("exclude", "release", "read")),
+            (RESYNCS, stats.resyncs, ("startup", "gone", "error")),
+            (API_ERRORS, stats.api_errors, ()),
+        )
+        for definition, counts, always in labelled:
+            family = definition.counter()
+            for label in sorted(set(always) | set(counts)):
+                family.add_metric([label], counts.get(label, 0))
+            yield family
+        writes = WRITES.counter()
+        pairs = {
+            (a, o) for a in ("exclude", "release") for o in ("accepted", "conflict", "refused")
+        }
+        for action, outcome in sorted(pairs | set(stats.writes)):
+            writes.add_metric([action, outcome], stats.writes.get((action, outcome), 0))
+        yield writes
+        for definition, value in (
+            (PENDING, stats.pending),
+            (NODES, stats.nodes),
+            (OUT_OF_SERVICE, stats.out_of_service),
+            (WATCHING, int(stats.watching)),
+            (LAST_LIST, stats.last_list),
+        ):
+            gauge = definition.gauge()
+            gauge.add_metric([], float(value))
+            yield gauge
+
+
+# --- gpufleet kube-watch -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KubeWatchSettings:
+    listen: tuple[str, int]
+    fleet_url: str
+    fleet_token: str | None
+    access: ApiAccess
+    rules: NodeRules
+    watch_timeout_s: int = 300
+
+
+def serve_kube_watch(settings: KubeWatchSettings, stop: threading.Event | None = None) -> int:
+    """Run the watcher and its /metrics until SIGTERM (or ``stop``)."""
+    import signal
+
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    stop = stop or threading.Event()
+    watcher = NodeWatcher(
+        KubeApi(settings.access),
+        LedgerClient(settings.fleet_url, settings.fleet_token),
+        settings.rules,
+        watch_timeout_s=settings.watch_timeout_s,
+    )
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(KubeWatchCollector(watcher))
+    host, port = settings.listen
+    server, _ = start_http_server(port, host, registry)
+    if threading.current_thread() is threading.main_thread():
+        for number in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(number, lambda *_: stop.set())
+    log.info("watching the nodes of %s for %s; metrics on %s:%d",
+             settings.access.server, settings.fleet_url, host, port)  # fmt: skip
+    worker = threading.Thread(target=watcher.run, args=(stop,), daemon=True, name="kube-watch")
+    worker.start()
+    stop.wait()
+    left = drain(watcher, 5.0)
+    if left:
+        log.warning("%d writes not delivered; the next start's list finds them again", left)
+    server.shutdown()
+    return 0
