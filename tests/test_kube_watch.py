@@ -18,6 +18,8 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
+import ssl
 import subprocess
 import sys
 import threading
@@ -51,16 +53,19 @@ from gpufleet.sources.kube import (
     DEFAULT_IGNORED_TAINTS,
     DEFAULT_TAINTS,
     KEY_PREFIX,
-    ApiAccess,
-    KubeApi,
     KubeWatchCollector,
     NodeRules,
     NodeWatcher,
     episode_reason,
-    in_cluster_access,
-    kubeconfig_access,
     normalise_reason,
     xid_reason,
+)
+from gpufleet.sources.kubeapi import (
+    ApiAccess,
+    KubeApi,
+    KubeApiError,
+    in_cluster_access,
+    kubeconfig_access,
 )
 
 TOKEN = "sa-token-for-the-test"
@@ -180,6 +185,7 @@ class FakeApiServer:
     lists: deque[tuple[str, list[dict[str, Any]]]]
     watches: deque[Watch]
     token: str = TOKEN
+    tls: ssl.SSLContext | None = None
     requests: list[dict[str, Any]] = field(default_factory=list)
     released: threading.Event = field(default_factory=threading.Event)
 
@@ -253,12 +259,15 @@ class FakeApiServer:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
         self.server.daemon_threads = True
+        if self.tls is not None:
+            self.server.socket = self.tls.wrap_socket(self.server.socket, server_side=True)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_port}"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.server.server_port}"
 
     def watched_from(self) -> list[str]:
         return [r["query"]["resourceVersion"] for r in self.requests if "watch" in r["query"]]
@@ -681,6 +690,67 @@ def test_in_cluster_access_reads_the_service_account(tmp_path: Path) -> None:
     )
     with pytest.raises(ValueError, match="give --kubeconfig"):
         in_cluster_access({}, tmp_path)
+
+
+def self_signed(directory: Path, name: str) -> Path:
+    """A certificate for 127.0.0.1 (its own CA), made by openssl; the key beside it."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("openssl is not installed")
+    cert = directory / f"{name}.crt"
+    subprocess.run(
+        [
+            openssl,
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            str(directory / f"{name}.key"),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    return cert
+
+
+def test_in_cluster_access_verifies_the_api_server_against_the_pods_ca(tmp_path: Path) -> None:
+    cert = self_signed(tmp_path, "apiserver")
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(cert, tmp_path / "apiserver.key")
+    server = FakeApiServer(lists=deque([("7", [node("node-a", "7")])]), watches=deque(), tls=tls)
+    account = tmp_path / "serviceaccount"
+    account.mkdir()
+    (account / "token").write_text(TOKEN + "\n")
+    env = {
+        "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+        "KUBERNETES_SERVICE_PORT": str(server.server.server_port),
+    }
+    try:
+        shutil.copy(cert, account / "ca.crt")
+        items, version = KubeApi(in_cluster_access(env, account)).list_nodes()
+        assert ([i["metadata"]["name"] for i in items], version) == (["node-a"], "7")
+        assert server.requests[-1]["auth"] == f"Bearer {TOKEN}"
+        # another CA: the connection is refused before a token is sent
+        shutil.copy(self_signed(tmp_path, "other"), account / "ca.crt")
+        sent = len(server.requests)
+        with pytest.raises(KubeApiError, match="CERTIFICATE_VERIFY_FAILED"):
+            KubeApi(in_cluster_access(env, account)).list_nodes()
+        assert len(server.requests) == sent
+    finally:
+        server.stop()
 
 
 def test_kube_watch_refuses_a_missing_kubeconfig_with_a_clear_error(tmp_path: Path) -> None:

@@ -59,13 +59,8 @@ KUBE_WATCH_OPTIONS = variables("GPUFLEET_KUBE_WATCH_", (
 
 def run_kube_watch(values: argparse.Namespace) -> int:
     from gpufleet.fleet.ledger_client import LedgerError, token_from_file
-    from gpufleet.sources.kube import (
-        KubeWatchSettings,
-        NodeRules,
-        in_cluster_access,
-        kubeconfig_access,
-        serve_kube_watch,
-    )
+    from gpufleet.sources.kube import KubeWatchSettings, NodeRules, serve_kube_watch
+    from gpufleet.sources.kubeapi import in_cluster_access, kubeconfig_access
 
     resolve.configure_logging(values.log_level)
     if values.context and not values.kubeconfig:
