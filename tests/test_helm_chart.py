@@ -1,6 +1,6 @@
 """The Helm chart: lint, render every ci/*-values.yaml, validate each object offline
 (built-in kinds with kubernetes-validate --strict, Prometheus Operator kinds against the
-operator's CRD schemas in ../shared/schemas/), and assert what each object must say."""
+operator's CRD schemas in tests/fixtures/), and assert what each object must say."""
 
 from __future__ import annotations
 
@@ -15,11 +15,12 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from deploy_tools import CHART, REPO, helm, unavailable
+from deploy_tools import CHART, REPO, helm
 from gpufleet.chart import sync_chart_files
 
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
-OPERATOR_SCHEMAS = REPO.parent / "shared" / "schemas" / "prometheus-operator-v0.93.0"
+# The Prometheus Operator's CRDs, copied with their licence (see the README there).
+OPERATOR_SCHEMAS = REPO / "tests" / "fixtures" / "prometheus-operator-v0.93.0"
 OPERATOR_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
 # The chart's floor (Chart.yaml kubeVersion) and the newest schemas the validator has.
 KUBERNETES_VERSIONS = ("1.28.0", kubernetes_validate.latest_version())
@@ -79,12 +80,13 @@ def env_of(container: dict[str, Any]) -> dict[str, Any]:
 
 
 def operator_schema(kind: str) -> dict[str, Any]:
-    if not OPERATOR_SCHEMAS.is_dir():
-        unavailable(f"{OPERATOR_SCHEMAS}: the Prometheus Operator CRDs (../shared/schemas/)")
     plural = {"ServiceMonitor": "servicemonitors", "PodMonitor": "podmonitors"}.get(
         kind, "prometheusrules"
     )
-    crd = yaml.safe_load((OPERATOR_SCHEMAS / f"monitoring.coreos.com_{plural}.yaml").read_text())
+    path = OPERATOR_SCHEMAS / f"monitoring.coreos.com_{plural}.yaml"
+    if not path.is_file():
+        pytest.fail(f"{path} is missing: the repository ships it (tests/fixtures/)")
+    crd = yaml.safe_load(path.read_text())
     (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
     schema: dict[str, Any] = version["schema"]["openAPIV3Schema"]
     return schema
