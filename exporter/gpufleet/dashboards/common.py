@@ -309,8 +309,10 @@ def dashboard(
     grid: Grid,
     *,
     annotations: Sequence[db.AnnotationQuery] = (),
-    time_from: str = "now-6h",
+    time_from: str = "now-30m",
 ) -> dm.Dashboard:
+    # 30 minutes by default: a page's window and what led up to it, and the whole of the
+    # ten-minute demo; the reliability dashboard asks for days.
     builder = (
         db.Dashboard(title)
         .uid(uid)
