@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1
 # One image for the node agent, the fleet ledger, the simulator and the demo pager:
 #   docker run gpufleet:0.1.0 agent | fleet | simulate ...
 # The NVIDIA container runtime mounts the driver's NVML library (libnvidia-ml.so.1)

@@ -11,13 +11,15 @@ comma := ,
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha1sum | cut -c1-8)-$(subst $(comma),_,$(EXTRAS))
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help venv binaries deploy-tools test pytest lint format check-generated generate demo \
+.PHONY: help venv binaries deploy-tools test test-containers container-images docker-packages pytest lint format check-generated generate demo \
 	bench bench-detect bench-detect-quick node-exporter clean dashboard-previews
 
 help:
 	@echo "make demo             run agent + Prometheus + Alertmanager locally (Ctrl-C stops)"
 	@echo "make deploy-tools     helm (into .tools/) and docker-compose, for the chart and compose tests"
 	@echo "make test             lint, generated-file check and the whole test suite"
+	@echo "make test-containers  the image and docker compose for real (Docker engine; CI runs it)"
+	@echo "make container-images every image docker compose needs, without an image registry"
 	@echo "make lint             ruff + mypy --strict"
 	@echo "make check-generated  fail if a generated file differs from what the code makes"
 	@echo "make dashboard-previews  draw every dashboard's panels from a simulated cluster (docs/dashboards/)"
@@ -64,6 +66,24 @@ deploy-tools: $(TOOLS)/helm
 	  $(SUDO) apt-get install -y --no-install-recommends docker-compose; }
 
 test: venv binaries deploy-tools check-generated lint pytest
+
+# The containers for real: Docker's engine (Debian's docker.io; dockerd started when none
+# answers and stopped at the end), the local images of deploy/compose/local-images/ (the
+# debootstrap base only when missing), the agent under the chart's restrictions and the
+# compose demo told twice (tests/containers/compose_stack.py). Needs root.
+docker-packages:
+	@command -v dockerd >/dev/null && command -v debootstrap >/dev/null && \
+	  command -v docker-compose >/dev/null || { \
+	  $(SUDO) apt-get update && \
+	  $(SUDO) apt-get install -y --no-install-recommends docker.io debootstrap docker-compose; }
+
+test-containers: venv deploy-tools docker-packages
+	$(SUDO) bash tests/containers/run.sh $(PY)
+
+# For a machine without registry access: the base, Prometheus / Alertmanager and the
+# product image (then: docker compose -f docker-compose.yml -f deploy/compose/local-images.yml up).
+container-images: docker-packages
+	$(SUDO) $(PYTHON) deploy/compose/local-images/build.py
 
 pytest: venv
 	$(PY) -m pytest

@@ -313,5 +313,114 @@ main(["simulate", "--list-scenarios"])
 @pytest.mark.parametrize("name", ["fleet", "simulator", "pager"])
 def test_gpufleet_services_run_read_only_with_tmpfs(name: str) -> None:
     spec = service(name)
-    assert spec["read_only"] is True and spec["tmpfs"] == ["/tmp"]
-    assert spec["build"] == "." and spec["image"].startswith("gpufleet:")
+    assert spec["read_only"] is True and spec["tmpfs"][0] == "/tmp"
+    assert spec["image"].startswith("gpufleet:")
+
+
+def test_one_service_builds_the_image_the_others_run() -> None:
+    services = compose()["services"]
+    builders = {name for name, spec in services.items() if "build" in spec}
+    assert builders == {"fleet"} and services["fleet"]["build"] == "."
+    image = services["fleet"]["image"]
+    assert [name for name, spec in services.items() if spec["image"] == image] == [
+        "fleet", "simulator", "pager"
+    ]  # fmt: skip
+
+
+def tmpfs_mounts(name: str) -> dict[str, dict[str, str]]:
+    """Container path -> the tmpfs options a service mounts there."""
+    mounts = {}
+    for entry in service(name).get("tmpfs", []):
+        path, _, options = entry.partition(":")
+        mounts[path] = dict(option.split("=", 1) for option in options.split(",") if option)
+    return mounts
+
+
+def test_every_run_starts_the_story_afresh_the_demo_state_is_on_tmpfs() -> None:
+    # Kept series fire the last run's alerts, a kept notification log swallows the next
+    # run's pages and a kept ledger refuses its exclusion (409): each lives for one run,
+    # on a tmpfs owned by the user of its image (10001: the Dockerfile; nobody: prom/*).
+    dockerfile_user = re.search(r"^USER (\d+):(\d+)$", (REPO / "Dockerfile").read_text(), re.M)
+    assert dockerfile_user is not None
+    state = {
+        "fleet": (posixpath.dirname(parse(service("fleet")["command"]).db), dockerfile_user[1]),
+        "prometheus": (flag(service("prometheus")["command"], "--storage.tsdb.path"), "65534"),
+        "alertmanager": (flag(service("alertmanager")["command"], "--storage.path"), "65534"),
+    }
+    for name, (path, uid) in state.items():
+        assert tmpfs_mounts(name)[path] == {"uid": uid, "gid": uid}, name
+        assert path not in named_volumes(name), name
+    assert set(compose()["volumes"]) == {"sim-targets", "grafana-data"}
+
+
+def test_the_dockerfile_needs_no_frontend_image() -> None:
+    # A `# syntax=` line makes BuildKit pull a frontend image first: offline, that fails.
+    first = (REPO / "Dockerfile").read_text().splitlines()[0]
+    assert not re.match(r"#\s*syntax\s*=", first, re.IGNORECASE), first
+
+
+LOCAL = DEPLOY / "compose/local-images.yml"
+
+
+def test_the_local_images_override_is_valid_and_names_what_build_py_builds() -> None:
+    docker_compose = tool("docker-compose", "apt-get install -y docker-compose (make deploy-tools)")
+    result = subprocess.run(
+        [docker_compose, "-f", str(COMPOSE), "-f", str(LOCAL), "config"],
+        cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    merged = yaml.safe_load(result.stdout)["services"]
+    build_py = (DEPLOY / "compose/local-images/build.py").read_text()
+    constants = dict(re.findall(r'^([A-Z]+) = "(\S+)"$', build_py, re.MULTILINE))
+    assert merged["fleet"]["build"]["args"] == {"PYTHON_IMAGE": constants["BASE"]}
+    assert merged["prometheus"]["image"] == constants["PROMETHEUS"]
+    assert merged["alertmanager"]["image"] == constants["ALERTMANAGER"]
+    assert merged["grafana"]["profiles"] == ["grafana"]
+    # The stand-ins keep the official images' layout the compose file relies on.
+    stand_ins = (DEPLOY / "compose/local-images/monitoring.Dockerfile").read_text()
+    for target, data in (("prometheus", "/prometheus"), ("alertmanager", "/alertmanager")):
+        stage = stand_ins.split(f" AS {target}\n", 1)[1].split("\nFROM ", 1)[0]
+        assert "USER nobody" in stage and f"WORKDIR {data}" in stage, target
+
+
+def test_the_printed_timeline_and_the_scenario_text_say_what_the_tests_measure() -> None:
+    from gpufleet.demo import PAGES, STORY
+    from gpufleet.rules.config import RulesConfig
+    from gpufleet.simulate.config import load_scenario
+
+    pages = [(minute, what) for minute, what in STORY if what.startswith("page")]
+    assert len(pages) == len(PAGES)
+    for (minute, what), (names, subject, (earliest, latest)) in zip(pages, PAGES, strict=True):
+        first = re.search(r"(\d+):(\d\d)", minute)
+        assert first is not None
+        assert earliest * 60 <= int(first[1]) * 60 + int(first[2]) <= latest * 60, minute
+        assert all(name in what for name in names) and subject in what
+    rules = RulesConfig()
+    scenario = load_scenario("demo")
+    hang_minutes = rules.hang_min_seconds / 60
+    down_s = scenario.rates.auto_restart_minutes_max * 60
+    assert down_s < rules.hang_min_seconds
+    assert f"down {down_s:g} s, not {hang_minutes:g} min" in STORY[-1][1]
+    assert f"job-hung alert's {hang_minutes:g} minutes" in scenario.description
+    assert f"after the rule's {rules.straggler_for.removesuffix('m')} minutes" in (
+        scenario.description
+    )
+    assert "straggler page at ~4:00" in scenario.description and pages[0][0] == "~4:00"
+    readme = (REPO / "README.md").read_text()
+    assert f"the alert waits {hang_minutes:g} min" in readme
+    for minute, _ in pages:
+        assert f"| {minute} | **page" in readme, minute
+
+
+def test_the_simulator_logs_its_clock_and_the_demo_timeline() -> None:
+    # `docker compose logs simulator` (serve_live prints this when it starts serving).
+    from gpufleet.demo import announce
+
+    text = announce("demo", 64, 8, start=3600.0)
+    assert text.startswith(
+        "gpufleet simulate: 64 nodes x 8 GPUs, scenario demo; its clock started at "
+        "1970-01-01 01:00:00 UTC (unix 3600.000)\n"
+    )
+    assert "  01:08:00        8:00  GPU 3 of node-040 falls off the bus" in text
+    assert "  01:04:00       ~4:00  page: GpuFleetStragglerNode" in text
+    assert announce("realistic-week", 16, 8, start=0.0).count("\n") == 1

@@ -88,6 +88,7 @@ def write_history(scenario: Scenario, run: SimulatorRun, out: Path) -> str:
 
 def serve_live(scenario: Scenario, run: SimulatorRun) -> None:
     """Serve every node at /nodes/<node>/metrics until SIGINT/SIGTERM."""
+    from gpufleet.demo import announce
     from gpufleet.simulate.serve import SimulatorServer
     from gpufleet.web import serve
 
@@ -95,6 +96,7 @@ def serve_live(scenario: Scenario, run: SimulatorRun) -> None:
     cluster = Cluster(scenario, run.seed, time.time(), run.horizon * 86400)
     feed = ledger_feed(cluster, scenario, run)[0] if run.fleet_url else None
     server = SimulatorServer(cluster, tick_s=run.tick, feed=feed)
+    print(announce(scenario.name, cluster.nodes, cluster.gpus, cluster.start), flush=True)
     if run.targets_file:
         server.write_targets(Path(run.targets_file), f"{host}:{port}")
     server.start()
