@@ -173,10 +173,32 @@ def test_xids_follow_the_cause(big_timeline: tuple[Scenario, object]) -> None:
             xids.setdefault(episode.cause, set()).add(episode.xid)
     assert xids["gpu_fell_off_bus"] == {79}
     assert xids["nvlink"] == {74}
-    assert xids["hbm"] <= {48, 63, 64, 94, 95} and len(xids["hbm"]) >= 3
+    assert xids["hbm"] == {48}  # the burst's first XID; the others follow it
     assert xids["gsp"] <= {119, 120}
     assert xids["software"] <= {13, 31, 43}
     assert xids["host"] == {None}
+
+
+def test_hbm_bursts_follow_the_configured_shares(big_timeline: tuple[Scenario, object]) -> None:
+    scenario, timeline = big_timeline
+    rates = scenario.rates
+    bursts = [
+        [code for _, code in episode.details["xid_burst"]]
+        for episode in timeline.episodes  # type: ignore[attr-defined]
+        if episode.kind == Kind.FAIL_STOP and episode.cause == "hbm"
+    ]
+    assert len(bursts) > 120
+    assert {burst[0] for burst in bursts} == {48}
+    assert {burst[3] for burst in bursts} == {154}
+    for position, code, share in (
+        (1, 94, rates.hbm_contained_share),
+        (2, 64, rates.hbm_remap_failure_share),
+    ):
+        seen = sum(burst[position] == code for burst in bursts) / len(bursts)
+        sigma = math.sqrt(share * (1 - share) / len(bursts))
+        assert abs(seen - share) < 4 * sigma, (code, seen, share)
+    assert {burst[1] for burst in bursts} == {94, 95}
+    assert {burst[2] for burst in bursts} == {63, 64}
 
 
 def test_some_failures_have_precursors_most_do_not(big_timeline: tuple[Scenario, object]) -> None:

@@ -17,7 +17,18 @@ import numpy as np
 from gpufleet.agent.training_aggregate import DEFAULT_STEP_BUCKETS
 from gpufleet.gpu import catalogue as cat
 from gpufleet.simulate.config import ClusterSpec, Scenario
-from gpufleet.simulate.faults import CAUSES_BY_NAME, Effect, Episode, Kind
+from gpufleet.simulate.faults import (
+    CAUSES_BY_NAME,
+    DBE,
+    RECOVERY_ACTION_CHANGED,
+    RECOVERY_GPU_RESET,
+    RECOVERY_NODE_REBOOT,
+    REMAP_FAILED,
+    REMAP_RECORDED,
+    Effect,
+    Episode,
+    Kind,
+)
 from gpufleet.simulate.timeline import Timeline, Window, build_timeline
 
 # Per-GPU error counters, by the DCGM field (GPU catalogue entry) they feed.
@@ -164,6 +175,7 @@ class Cluster:
         self.counters = {name: np.zeros((nodes, gpus)) for name in GPU_COUNTERS}
         self.energy_mj = static.uniform(2e12, 2.4e12, (nodes, gpus))
         self.xids: dict[tuple[int, int], XidRecord] = {}
+        self.recovery_action = np.zeros((nodes, gpus))  # NVML's, until the repair resets it
         self.gpu_lost = np.zeros((nodes, gpus), dtype=bool)
         self.node_down = np.zeros(nodes, dtype=bool)
         self.nvml_hung = np.zeros(nodes, dtype=bool)
@@ -175,8 +187,7 @@ class Cluster:
         self.training = NodeTraining.zeros(nodes, gpus, len(self.bucket_bounds))
         self.step_number = 0
         self.step_time = spec.step_seconds
-        self._carry = 0.0
-        self._eval_carry = 0.0
+        self._carry = self._eval_carry = 0.0
         self.tick = 0
 
         # Admitted when they first show: a thermal fail-stop throttles its GPU before it fails.
@@ -232,8 +243,11 @@ class Cluster:
 
     def _instant_events(self, start: float, end: float) -> None:
         for episode in self._active:
-            if episode.kind == Kind.FAIL_STOP and start <= episode.start < end:
-                self._apply_fail_stop(episode)
+            if episode.kind == Kind.FAIL_STOP:
+                if start <= episode.start < end:
+                    self._apply_fail_stop(episode)
+                if "xid_burst" in episode.details:
+                    self._dbe_incident(episode, episode.start, start, end)
             elif episode.kind == Kind.XID_STORM:
                 self._xid_storm(episode, start, end)
             elif episode.kind == Kind.ECC_DEGRADATION:
@@ -245,25 +259,39 @@ class Cluster:
         record.last = xid
         record.last_time = when
 
-    def _uncorrectable_hbm_error(self, node: int, gpu: int) -> None:
-        """A double-bit HBM error: counted, its row remapped, the remap pending a reset."""
-        for name in (
-            cat.ECC_DBE_VOL.name,
-            cat.ECC_DBE_AGG.name,
-            cat.UNCORRECTABLE_REMAPPED_ROWS.name,
-        ):
-            self.counters[name][node, gpu] += 1
-        self.counters[cat.ROW_REMAP_PENDING.name][node, gpu] = 1
+    def _dbe_incident(self, episode: Episode, at: float, start: float, end: float) -> None:
+        """The XIDs of the episode's uncorrectable HBM error that fall in [start, end), the
+        burst starting at ``at``, each with what it reports: 48 the double-bit error
+        counted; 63 (or 64) its row remapped, the remap pending a reset (or the remap
+        failed); 154 the GPU's recovery action turned to GPU reset."""
+        assert episode.node is not None and episode.gpu is not None
+        node, gpu = episode.node, episode.gpu
+        counters = self.counters
+        for offset, code in episode.details["xid_burst"]:
+            when = at + float(offset)
+            if not start <= when < end:
+                continue
+            self._record_xid(node, gpu, int(code), when)
+            if code == DBE:
+                counters[cat.ECC_DBE_VOL.name][node, gpu] += 1
+                counters[cat.ECC_DBE_AGG.name][node, gpu] += 1
+            elif code in (REMAP_RECORDED, REMAP_FAILED):
+                counters[cat.UNCORRECTABLE_REMAPPED_ROWS.name][node, gpu] += 1
+                counters[cat.ROW_REMAP_PENDING.name][node, gpu] = 1
+                if code == REMAP_FAILED:
+                    counters[cat.ROW_REMAP_FAILURE.name][node, gpu] = 1
+            elif code == RECOVERY_ACTION_CHANGED:
+                self.recovery_action[node, gpu] = RECOVERY_GPU_RESET
 
     def _apply_fail_stop(self, episode: Episode) -> None:
         assert episode.node is not None and episode.gpu is not None and episode.cause
         node, gpu = episode.node, episode.gpu
         cause = CAUSES_BY_NAME[episode.cause]
         rng = self.rng
-        if episode.xid is not None:
+        effect = cause.effect
+        if episode.xid is not None and effect != Effect.HBM_ECC:  # HBM: the whole burst
             self._record_xid(node, gpu, episode.xid, episode.start)
         counters = self.counters
-        effect = cause.effect
         if effect == Effect.GPU_LOST:
             self.gpu_lost[node, gpu] = True
         elif effect == Effect.NVLINK:
@@ -271,10 +299,6 @@ class Cluster:
             counters[cat.NVLINK_RECOVERY.name][node, gpu] += rng.integers(1, 10)
             counters[cat.NVLINK_CRC_FLIT.name][node, gpu] += rng.integers(100, 5000)
             counters[cat.NVLINK_CRC_DATA.name][node, gpu] += rng.integers(10, 500)
-        elif effect == Effect.HBM_ECC:
-            self._uncorrectable_hbm_error(node, gpu)
-            if episode.xid == 64:
-                counters[cat.ROW_REMAP_FAILURE.name][node, gpu] = 1
         elif effect == Effect.SRAM_ECC:
             counters[cat.ECC_DBE_VOL.name][node, gpu] += 1
             counters[cat.ECC_DBE_AGG.name][node, gpu] += 1
@@ -282,6 +306,8 @@ class Cluster:
             self.node_down[node] = True
         if cause.excludes_node:
             self.excluded[node] = True
+            if effect != Effect.HBM_ECC:  # an HBM error asks its own GPU for a reset
+                self.recovery_action[node, :] = RECOVERY_NODE_REBOOT
 
     def _xid_storm(self, episode: Episode, start: float, end: float) -> None:
         assert episode.node is not None and episode.gpu is not None
@@ -311,11 +337,9 @@ class Cluster:
                 climbed / 120.0
             )
             counters[cat.ECC_SBE_VOL.name][node, gpu] += self.rng.poisson(climbed / 20.0)
-        if start <= climb_end < end:
-            self._record_xid(node, gpu, 48, climb_end)
-            self._uncorrectable_hbm_error(node, gpu)
+        self._dbe_incident(episode, climb_end, start, end)
         if start <= episode.end < end:
-            self._record_xid(node, gpu, 64, episode.end)
+            self._record_xid(node, gpu, REMAP_FAILED, episode.end)
             counters[cat.ROW_REMAP_FAILURE.name][node, gpu] = 1
 
     def _continuous_effects(self, start: float, end: float, dt: float) -> None:
@@ -385,6 +409,7 @@ class Cluster:
                 self.node_down[node] = False
                 self.gpu_lost[node, :] = False
                 self.counters[cat.ROW_REMAP_PENDING.name][node, :] = 0
+                self.recovery_action[node, :] = 0
                 for name in _VOLATILE:
                     self.counters[name][node, :] = 0
                 # The node was rebooted: its agent starts afresh.
@@ -663,7 +688,7 @@ class Cluster:
             cat.PIPE_TENSOR_ACTIVE.name: round(0.55 * load / slow, 4),
             cat.DRAM_ACTIVE.name: round(0.42 * load, 4),
             cat.NVLINK_BANDWIDTH.name: float(self.now - self.start) * 4.6e7,
-            cat.RECOVERY_ACTION.name: 2.0 if self.excluded[node] else 0.0,
+            cat.RECOVERY_ACTION.name: float(self.recovery_action[node, gpu]),
         }
         for name, array in self.counters.items():
             values[name] = float(array[node, gpu])

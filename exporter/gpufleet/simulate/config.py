@@ -177,6 +177,24 @@ class FaultRates:
     repair_hours_median: float = 4.0
     precursor_hours_min: float = 2.0
     precursor_hours_max: float = 12.0
+    # An uncorrectable HBM error's XID burst (faults.dbe_burst): how often the error is
+    # contained (XID 94, else 95: Ampere and later contain more often than not; NVIDIA
+    # publishes no share, 0.7 is an assumption), how often its row could
+    # not be remapped (XID 64, else 63), and the most seconds between two of its XIDs.
+    hbm_contained_share: float = 0.7
+    hbm_remap_failure_share: float = 0.15
+    hbm_xid_gap_max_s: float = 1.0
+
+    def check(self, where: str = "rates") -> None:
+        """Raise ScenarioError for a share outside [0, 1] or a negative gap."""
+        for name in ("hbm_contained_share", "hbm_remap_failure_share", "auto_retry_success"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ScenarioError(f"{where}.{name}: {value!r} is not a share in [0, 1]")
+        if self.hbm_xid_gap_max_s < 0:
+            raise ScenarioError(
+                f"{where}.hbm_xid_gap_max_s: {self.hbm_xid_gap_max_s!r} is not 0 or more seconds"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,6 +377,8 @@ def load_scenario(source: str) -> Scenario:
         raise ScenarioError(f"scenario {source}: episodes must be a list")
     cluster = _overrides(data.get("cluster"), ClusterSpec, "cluster")
     cluster.check()
+    rates = _overrides(data.get("rates"), FaultRates, "rates")
+    rates.check()
     jobs = _jobs(data.get("jobs"), data.get("cluster") or {}, source)
     spares = data.get("spare_nodes", 0)
     if not isinstance(spares, int) or isinstance(spares, bool) or spares < 0:
@@ -378,7 +398,7 @@ def load_scenario(source: str) -> Scenario:
         name=str(data.get("name", Path(source).stem)),
         description=str(data.get("description", "")).strip(),
         cluster=cluster,
-        rates=_overrides(data.get("rates"), FaultRates, "rates"),
+        rates=rates,
         confounders=_overrides(data.get("confounders"), Confounders, "confounders"),
         episodes=checked,
         jobs=jobs,

@@ -16,6 +16,69 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
+import numpy as np
+
+# An uncorrectable HBM error as the driver reports it, in order (NVIDIA, "GPU Memory
+# Error Management", and the XID catalogue): XID 48, the double-bit error; 94 if it was
+# contained to the processes using the memory, 95 if not (the catalogue's investigatory
+# step for both: "IGNORE (sympathetic)", they follow the 48); 63 when the row was marked
+# for remapping, 64 when remapping it failed; 154 as NVML's recovery action becomes "GPU
+# reset", which is when a pending remap takes effect.
+DBE = 48
+CONTAINED = 94
+UNCONTAINED = 95
+REMAP_RECORDED = 63
+REMAP_FAILED = 64
+RECOVERY_ACTION_CHANGED = 154
+DBE_BURST_XIDS = frozenset(
+    {DBE, CONTAINED, UNCONTAINED, REMAP_RECORDED, REMAP_FAILED, RECOVERY_ACTION_CHANGED}
+)
+# NVML's recovery actions (gpufleet_gpu_recovery_action): a DBE asks for a GPU reset;
+# the simulator shows a node reboot on the GPUs of a node other faults excluded.
+RECOVERY_GPU_RESET = 1
+RECOVERY_NODE_REBOOT = 2
+
+
+def dbe_burst(
+    rng: np.random.Generator,
+    contained_share: float,
+    remap_failure_share: float,
+    gap_max_s: float,
+    *,
+    contained: bool | None = None,
+    remap_failed: bool | None = None,
+) -> tuple[tuple[float, int], ...]:
+    """The XIDs of one uncorrectable HBM error: (seconds after the first, code), in order.
+
+    ``contained`` and ``remap_failed`` force a variant (a scenario naming XID 95 or 64);
+    the draws are made either way, so a forced variant changes nothing else of the seed.
+    """
+    drawn_contained = bool(rng.random() < contained_share)
+    drawn_failed = bool(rng.random() < remap_failure_share)
+    gaps = rng.uniform(0.0, gap_max_s, 3)
+    contained = drawn_contained if contained is None else contained
+    remap_failed = drawn_failed if remap_failed is None else remap_failed
+    codes = (
+        DBE,
+        CONTAINED if contained else UNCONTAINED,
+        REMAP_FAILED if remap_failed else REMAP_RECORDED,
+        RECOVERY_ACTION_CHANGED,
+    )
+    offsets = (0.0, *(float(t) for t in np.cumsum(gaps)))
+    return tuple(zip(offsets, codes, strict=True))
+
+
+def forced_dbe_variant(xid: int | None) -> dict[str, bool]:
+    """The burst variant a scenario asks for by naming one of its XIDs (none: drawn)."""
+    if xid is not None and xid not in DBE_BURST_XIDS:
+        raise ValueError(f"XID {xid} is not one of an HBM error's {sorted(DBE_BURST_XIDS)}")
+    return {
+        CONTAINED: {"contained": True},
+        UNCONTAINED: {"contained": False},
+        REMAP_RECORDED: {"remap_failed": False},
+        REMAP_FAILED: {"remap_failed": True},
+    }.get(xid or DBE, {})
+
 
 class Alert(StrEnum):
     """Alert names the ground truth expects; alerts/ implements them under these names."""
@@ -94,8 +157,8 @@ CAUSES: tuple[Cause, ...] = (
         (Alert.CRITICAL_XID, Alert.NVLINK_ERRORS), True,
     ),
     Cause(
-        "hbm", "hbm", 17.0, Effect.HBM_ECC, ((48, 0.4), (94, 0.2), (95, 0.25), (64, 0.15)),
-        Scope.NODE,
+        # XID 48 leads; the rest of the burst follows it (``dbe_burst``)
+        "hbm", "hbm", 17.0, Effect.HBM_ECC, ((DBE, 1.0),), Scope.NODE,
         (Alert.CRITICAL_XID, Alert.ECC_UNCORRECTABLE, Alert.ROW_REMAP_PENDING,
          Alert.ROW_REMAP_FAILURE),
         True, "remaps", 0.3,

@@ -23,6 +23,8 @@ from gpufleet.simulate.faults import (
     Episode,
     Kind,
     Scope,
+    dbe_burst,
+    forced_dbe_variant,
     slow_episode_expectations,
 )
 
@@ -103,6 +105,9 @@ class TimelineBuilder:
         self.confounders = scenario.confounders
         self.seed = seed
         self.rng = np.random.default_rng(np.random.SeedSequence([seed, 1]))
+        # HBM errors' XID bursts draw from a stream of their own, so that every other
+        # episode of a seed is what it was before the bursts existed.
+        self.burst_rng = np.random.default_rng(np.random.SeedSequence([seed, 5]))
         self.timeline = Timeline(start=start, end=end)
         self.nodes = self.spec.nodes
         self.gpus = self.spec.gpus_per_node
@@ -192,7 +197,13 @@ class TimelineBuilder:
                     raise ScenarioError(f"{where}: a fail_stop needs a node")
                 cause = CAUSES_BY_NAME[raw["cause"]]
                 self._fail_stop(
-                    node, begin, cause, gpu=gpu, xid=raw.get("xid"), repair=duration or None
+                    node,
+                    begin,
+                    cause,
+                    gpu=gpu,
+                    xid=raw.get("xid"),
+                    repair=duration or None,
+                    where=where,
                 )
                 continue
             if kind in (Kind.FAIL_SLOW_COMPUTE, Kind.FAIL_SLOW_COMM) and node is None:
@@ -215,6 +226,10 @@ class TimelineBuilder:
                 details["dp_rank"] = replica
             if kind in (Kind.FAIL_SLOW_COMPUTE, Kind.FAIL_SLOW_COMM):
                 details["slowdown"] = self.slowdown_of(kind, magnitude)
+            if kind == Kind.ECC_DEGRADATION:
+                # its uncorrectable error (at 70% of it) finds a spare row; the remap
+                # that fails is the last one, for a correctable error (XID 64 alone)
+                details["xid_burst"] = self._dbe_burst(None, where, remap_failed=False)
             if kind == Kind.XID_STORM:
                 details.setdefault("count", 12)
                 details.setdefault("period", 30.0)
@@ -254,6 +269,7 @@ class TimelineBuilder:
         gpu: int | None = None,
         xid: int | None = None,
         repair: float | None = None,
+        where: str = "episodes",
     ) -> None:
         rng = self.rng
         rates = self.rates
@@ -264,6 +280,10 @@ class TimelineBuilder:
         repair = repair or float(rates.repair_hours_median * 3600 * rng.lognormal(0.0, 0.7))
         end = when + repair if cause.excludes_node else when
         details: dict[str, object] = {}
+        if cause.effect == Effect.HBM_ECC:
+            burst = self._dbe_burst(xid, where)
+            details["xid_burst"] = burst
+            code = int(burst[0][1])
         if cause.effect in (Effect.THERMAL, Effect.POWER_BRAKE):
             details["slowdown_from"] = when - float(rng.uniform(600, 1800))
         if cause.effect == Effect.NVML_HANG:
@@ -308,6 +328,27 @@ class TimelineBuilder:
             )
         if cause.effect != Effect.SILENT and not self.stalled(when):
             self._interrupt(when, cause.name, episode)
+
+    def _dbe_burst(
+        self, xid: int | None, where: str, *, remap_failed: bool | None = None
+    ) -> list[list[float | int]]:
+        """An uncorrectable HBM error's XIDs as [seconds after the first, code] pairs (the
+        ground truth's JSON form); a scenario naming one of them fixes that variant."""
+        rates = self.rates
+        try:
+            forced = forced_dbe_variant(xid)
+        except ValueError as error:
+            raise ScenarioError(f"{where}.xid: {error}") from None
+        if remap_failed is not None:
+            forced["remap_failed"] = remap_failed
+        burst = dbe_burst(
+            self.burst_rng,
+            rates.hbm_contained_share,
+            rates.hbm_remap_failure_share,
+            rates.hbm_xid_gap_max_s,
+            **forced,
+        )
+        return [[offset, code] for offset, code in burst]
 
     def _interrupt(self, when: float, cause: str, episode: Episode) -> None:
         """The job stops; the automatic retry restarts it, or fails and someone does."""
