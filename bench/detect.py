@@ -518,7 +518,8 @@ def report(
     node_pages = [p for p in pages if p.node is not None]
     lines += [
         "",
-        f"Pages (critical or warning firings): {len(pages)} ({len(node_pages)} for a node, "
+        f"Pages (Alertmanager notification groups of critical or warning firings): "
+        f"{len(pages)} ({len(node_pages)} for a node, "
         f"{len(pages) - len(node_pages)} for a job); explained by a fault or a recorded "
         f"condition: {len(pages) - len(scores.false_pages)}; false: {len(scores.false_pages)} "
         f"= {scores.false_pages_per_day:.2f} per day fleet-wide (95% CI "
@@ -572,7 +573,8 @@ def shape_table(scores: Scores) -> list[str]:
     rows = [row for row in rows if row["episodes"]]  # classes scored on this job
     lines = [
         "",
-        "By job shape (pages: critical or warning firings for the job or a node it held):",
+        "By job shape (pages: notification groups of critical or warning firings for the job "
+        "or a node it held):",
         "",
         "| job shape | class | episodes | detected | recall [95% CI] | TTD median [IQR] | "
         "not scored |",

@@ -10,9 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from gpufleet.detect.evaluate import Firing, apply_for
-from gpufleet.detect.score import EpisodeScore, score
+from gpufleet.detect.score import GROUP_INTERVAL_S, PAGE_GROUP_BY, EpisodeScore, score
+from gpufleet.simulate.config import parse_duration
 
 T0 = 1_800_000_000.0
 DAY = 86400.0
@@ -267,6 +269,50 @@ class TestScore:
         assert explained[(hours_later.start, "llm")] is None
         assert explained[(other_job.start, "other-job")] is None
 
+    def test_an_hbm_bursts_xids_are_one_page_per_alert_as_alertmanager_groups_them(
+        self, truth: dict[str, Any]
+    ) -> None:
+        # The HBM error on n1 at 10 h: XIDs 48, 95 and 154 critical, one firing each,
+        # in one notification group; 94 and 63 one group of warnings.
+        at = T0 + 10 * 3600
+        burst = [
+            firing("GpuFleetCriticalXid", at + 30, at + 630, "critical", node="n1", gpu="2", xid=x)
+            for x in ("48", "95", "154")
+        ] + [
+            firing("GpuFleetMaintenanceXid", at + 30 + d, at + 630, node="n1", gpu="2", xid=x)
+            for d, x in ((0, "94"), (30, "63"))
+        ]
+        ecc = firing("GpuFleetEccUncorrectable", at + 30, at + 630, "critical", node="n1", gpu="2")
+        scores = score(truth, [*burst, ecc])
+        assert sorted((p.alert, p.node, p.explained_by) for p in scores.pages) == [
+            ("GpuFleetCriticalXid", "n1", "fail_stop:0"),
+            ("GpuFleetEccUncorrectable", "n1", "fail_stop:0"),
+            ("GpuFleetMaintenanceXid", "n1", "fail_stop:0"),
+        ]
+        # the group's page lasts from the first firing to the last
+        maintenance = next(p for p in scores.pages if p.alert == "GpuFleetMaintenanceXid")
+        assert (maintenance.start, maintenance.end) == (at + 30, at + 630)
+
+    def test_a_group_that_fires_again_after_it_resolved_pages_again(
+        self, truth: dict[str, Any]
+    ) -> None:
+        at = T0 + 10 * 3600
+        first = firing("GpuFleetCriticalXid", at, at + 600, "critical", node="n1", xid="48")
+        # within a group_interval of the first's end: the same notification group
+        joined = firing("GpuFleetCriticalXid", at + 630, at + 700, "critical", node="n1", xid="64")
+        later = firing("GpuFleetCriticalXid", at + 1800, at + 2400, "critical", node="n1", xid="48")
+        other_node = firing("GpuFleetCriticalXid", at, at + 600, "critical", node="n2", xid="48")
+        other_job = firing("GpuFleetJobHung", at, at + 600, "critical", training_job="x")
+        job = firing("GpuFleetJobHung", at, at + 600, "critical", training_job="llm")
+        pages = score(truth, [first, joined, later, other_node, other_job, job]).pages
+        assert sorted((p.alert, p.node or p.training_job, p.start, p.end) for p in pages) == [
+            ("GpuFleetCriticalXid", "n1", at, at + 700),
+            ("GpuFleetCriticalXid", "n1", at + 1800, at + 2400),
+            ("GpuFleetCriticalXid", "n2", at, at + 600),
+            ("GpuFleetJobHung", "llm", at, at + 600),
+            ("GpuFleetJobHung", "x", at, at + 600),
+        ]
+
     def test_info_firings_are_not_pages_and_ledger_alerts_are_ignored(
         self, truth: dict[str, Any]
     ) -> None:
@@ -365,6 +411,14 @@ def shared_truth() -> dict[str, Any]:
             fault(4, "fail_stop", 10.1 * hour, 10.1 * hour, "n2", [hung], scope="job", job="small"),
         ],
     }
+
+
+def test_pages_are_grouped_as_the_shipped_alertmanager_routing_groups_them() -> None:
+    config = yaml.safe_load(
+        (Path(__file__).resolve().parents[1] / "deploy/alertmanager/alertmanager.yml").read_text()
+    )
+    assert tuple(config["route"]["group_by"]) == PAGE_GROUP_BY
+    assert parse_duration(config["route"]["group_interval"]) == GROUP_INTERVAL_S
 
 
 def test_a_shared_cluster_is_scored_per_job() -> None:

@@ -2,11 +2,13 @@
 
 Per fault class: recall, and time to detect (first firing of an expected alert
 for the right node, or for the job when the fault is job-wide, minus the
-episode's start). Per page (a critical or warning firing): explained by a fault
-or by a condition the ground truth records (a job stalled, a storage-bound
-checkpoint, a cluster-wide slowdown), or false. False pages are attributed to
-the confounders active at the time, so that "no node page from any confounder"
-can be checked.
+episode's start). Per page: explained by a fault or by a condition the ground
+truth records (a job stalled, a storage-bound checkpoint, a cluster-wide
+slowdown), or false. A page is what the shipped Alertmanager routing notifies:
+critical or warning firings of one notification group (``PAGE_GROUP_BY``) that
+overlap are one page, so an HBM error's burst of XIDs (48, 94, 63, 154: one
+firing each) pages once. False pages are attributed to the confounders active
+at the time, so that "no node page from any confounder" can be checked.
 
 A shared cluster's ground truth (several jobs, ``gpufleet.simulate.shared``) names
 each episode's, attempt's and exclusion's job: job-wide episodes are matched to
@@ -20,7 +22,7 @@ import itertools
 import math
 import statistics
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpufleet.detect.evaluate import Firing
@@ -40,6 +42,11 @@ BANDS = ("5-10%", "10-20%", ">20%")
 WARMUP_S = 20 * 60  # rates and peers need data before anything can fire
 CENSOR_S = 30 * 60  # an episode this close to the end may be detected after it
 FAIL_STOP_WINDOW_S = 30 * 60
+# The shipped routing (deploy/alertmanager/alertmanager.yml): alerts are grouped by these
+# labels, and an alert that joins an open group, or one that resolved at most a
+# group_interval before, goes out in that group's next notification, not as a page of its own.
+PAGE_GROUP_BY = ("alertname", "node", "training_job")
+GROUP_INTERVAL_S = 60.0
 # Alerts that read the fleet ledger, which a simulated history does not include.
 LEDGER_ALERTS = frozenset(
     {
@@ -369,9 +376,33 @@ def score(truth: dict[str, Any], firings: list[Firing]) -> Scores:
             if result.ttd_s is None or ttd < result.ttd_s:
                 result.detected, result.ttd_s, result.detected_by = True, ttd, firing.alert
         episodes.append(result)
-    pages = [_explain(firing, truth) for firing in relevant if firing.is_page]
+    pages = [_explain(firing, truth) for firing in notification_groups(relevant)]
     days = (end - start - WARMUP_S) / 86400.0
     return Scores(days, episodes, pages)
+
+
+def _group_key(firing: Firing) -> tuple[str | None, ...]:
+    labels = dict(firing.labels) | {"alertname": firing.alert}
+    return tuple(labels.get(name) for name in PAGE_GROUP_BY)
+
+
+def notification_groups(firings: list[Firing]) -> list[Firing]:
+    """The pages that critical and warning firings make under the shipped routing: the
+    firings of one group whose times overlap (or meet within a group_interval) are one
+    page, from the first one's start to the last one's end, with the labels of the
+    first; pages keep the order of their first firings in ``firings``."""
+    pages: dict[int, Firing] = {}  # by the position of its first firing
+    open_pages: dict[tuple[str | None, ...], int] = {}
+    candidates = [(i, f) for i, f in enumerate(firings) if f.is_page]
+    for position, firing in sorted(candidates, key=lambda item: item[1].start):
+        key = _group_key(firing)
+        first = open_pages.get(key)
+        if first is not None and firing.start <= pages[first].end + GROUP_INTERVAL_S:
+            pages[first] = replace(pages[first], end=max(pages[first].end, firing.end))
+            continue
+        open_pages[key] = position
+        pages[position] = firing
+    return [pages[position] for position in sorted(pages)]
 
 
 def _stalls(truth: dict[str, Any], job: str | None = None) -> list[tuple[float, float]]:
