@@ -1,11 +1,15 @@
 """gpufleet's agent as a drop-in for dcgm-exporter: every field of dcgm-exporter's stock
-counters file under the same name and type, its label set (driver version included),
-err_code / err_msg on the last XID, the profiling families from the first snapshot,
-and the node label named as the fleet's dcgm-exporter names it."""
+counters file under the same name and type, every exported DCGM name with DCGM's unit
+and meaning (a table from dcgm_fields.h and default-counters.csv, and values read from
+the fake NVML), its label set (driver version included), err_code / err_msg on the
+last XID, the profiling families from the first snapshot, and the node label named as
+the fleet's dcgm-exporter names it."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
@@ -23,8 +27,97 @@ from gpufleet.gpu.reader import NvmlReader
 from gpufleet.gpu.render import gpu_families
 from gpufleet.gpu.xid import XidLedger
 
-# Fields a bare-metal H100 has no answer for (dcgm-exporter omits them there too).
-NOT_ON_BARE_METAL = {cat.VGPU_LICENSE_STATUS.name}
+# Where gpufleet declares another type than dcgm-exporter's stock counters file, and why.
+TYPE_DEVIATIONS = {
+    # default-counters.csv says counter, but DCGM's field 449 is a rate (DcgmCacheManager.cpp,
+    # ReadAndCacheNvLinkBandwidth: counter deltas per second / 1000): a gauge, as
+    # deploy/dcgm-exporter/gpufleet-counters.csv also declares it for dcgm-exporter.
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": "gauge",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class DcgmField:
+    """What DCGM says of a field: its id, its unit (as the help must state it, "(in UNIT"),
+    its type, and where that is written."""
+
+    field_id: int
+    kind: str
+    unit: str | None
+    source: str
+
+
+H = "dcgmlib/dcgm_fields.h"
+CSV = "dcgm-exporter etc/default-counters.csv"
+CM = "dcgmlib/src/DcgmCacheManager.cpp"
+# Every DCGM name the agent exports, from NVIDIA's sources (DCGM 4.x, dcgm-exporter 4.x).
+DCGM_FIELDS: dict[str, DcgmField] = {
+    "DCGM_FI_DEV_SM_CLOCK": DcgmField(100, "gauge", "MHz", f"{H}; {CSV}: (in MHz)"),
+    "DCGM_FI_DEV_MEM_CLOCK": DcgmField(101, "gauge", "MHz", f"{H}; {CSV}: (in MHz)"),
+    "DCGM_FI_DEV_MEMORY_TEMP": DcgmField(140, "gauge", "C", f"{H}; {CSV}: (in C)"),
+    "DCGM_FI_DEV_GPU_TEMP": DcgmField(150, "gauge", "C", f"{H}: degrees C"),
+    "DCGM_FI_DEV_POWER_USAGE": DcgmField(155, "gauge", "W", f"{H}: in Watts"),
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": DcgmField(
+        156, "counter", "mJ", f"{H}: in mJ since the driver was last reloaded"
+    ),
+    "DCGM_FI_DEV_GPU_UTIL": DcgmField(203, "gauge", "%", f"{CSV}: (in %)"),
+    "DCGM_FI_DEV_MEM_COPY_UTIL": DcgmField(204, "gauge", "%", f"{CSV}: (in %)"),
+    "DCGM_FI_DEV_ENC_UTIL": DcgmField(206, "gauge", "%", f"{CSV}: (in %)"),
+    "DCGM_FI_DEV_DEC_UTIL": DcgmField(207, "gauge", "%", f"{CSV}: (in %)"),
+    "DCGM_FI_DEV_VGPU_LICENSE_STATUS": DcgmField(526, "gauge", None, f"{H}: 0 / 1"),
+    # dcgm_fields.h says MB; DCGM divides NVML's bytes by 1024 * 1024, as dcgm-exporter says
+    "DCGM_FI_DEV_FB_FREE": DcgmField(251, "gauge", "MiB", f"{CSV}: (in MiB)"),
+    "DCGM_FI_DEV_FB_USED": DcgmField(252, "gauge", "MiB", f"{CSV}: (in MiB)"),
+    "DCGM_FI_DEV_FB_RESERVED": DcgmField(253, "gauge", "MiB", f"{CSV}: (in MiB)"),
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": DcgmField(202, "counter", None, f"{H}, {CSV}"),
+    "DCGM_FI_PROF_PCIE_TX_BYTES": DcgmField(
+        1009, "gauge", "bytes per second", f"{CSV}; {CM}: GPM PCIE_TX_PER_SEC MiB/s * 2^20"
+    ),
+    "DCGM_FI_PROF_PCIE_RX_BYTES": DcgmField(
+        1010, "gauge", "bytes per second", f"{CSV}; {CM}: GPM PCIE_RX_PER_SEC MiB/s * 2^20"
+    ),
+    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": DcgmField(310, "counter", None, f"{H}, {CSV}"),
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": DcgmField(311, "counter", None, f"{H}, {CSV}"),
+    "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL": DcgmField(312, "counter", None, f"{H}, {CSV}"),
+    "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL": DcgmField(313, "counter", None, f"{H}, {CSV}"),
+    "DCGM_FI_DEV_RETIRED_SBE": DcgmField(390, "counter", None, f"{H}, {CSV}"),
+    "DCGM_FI_DEV_RETIRED_DBE": DcgmField(391, "counter", None, f"{H}, {CSV}"),
+    "DCGM_FI_DEV_RETIRED_PENDING": DcgmField(392, "gauge", None, f"{H}, {CSV}"),
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": DcgmField(393, "counter", None, f"{H}, {CSV}"),
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": DcgmField(394, "counter", None, f"{H}, {CSV}"),
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE": DcgmField(395, "gauge", None, f"{H}, {CSV}"),
+    "DCGM_FI_DEV_ROW_REMAP_PENDING": DcgmField(396, "gauge", None, f"{H}"),
+    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": DcgmField(409, "counter", None, CSV),
+    "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL": DcgmField(419, "counter", None, CSV),
+    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": DcgmField(429, "counter", None, CSV),
+    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL": DcgmField(439, "counter", None, CSV),
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": DcgmField(
+        449, "gauge", "MB/s", f"{CM}: THROUGHPUT_DATA TX + RX KiB deltas per second / 1000"
+    ),
+    "DCGM_FI_DEV_NVLINK_RECOVERY_SUCCESSFUL_TOTAL": DcgmField(1211, "counter", None, H),
+    "DCGM_FI_DEV_NVLINK_RECOVERY_FAILED_TOTAL": DcgmField(1212, "counter", None, H),
+    "DCGM_FI_DEV_NVLINK_RECOVERY_EVENT_TOTAL": DcgmField(1213, "counter", None, H),
+    "DCGM_FI_DEV_NVLINK_RX_SYMBOL_ERROR_TOTAL": DcgmField(1214, "counter", None, H),
+    "DCGM_FI_DEV_NVLINK_EFFECTIVE_ERROR_TOTAL": DcgmField(1219, "counter", None, H),
+    "DCGM_FI_DEV_NVLINK_ECC_ERROR_TOTAL": DcgmField(1220, "counter", None, H),
+    # the same field 112 under dcgm-exporter 3.x's and 4.x's names
+    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": DcgmField(112, "gauge", None, f"{H}: bitmask"),
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": DcgmField(112, "gauge", None, f"{H}: bitmask"),
+    "DCGM_FI_DEV_POWER_VIOLATION": DcgmField(
+        240, "counter", "ns", f"{H}: Power Violation time in ns; {CSV}: (in ns)"
+    ),
+    "DCGM_FI_DEV_THERMAL_VIOLATION": DcgmField(
+        241, "counter", "ns", f"{H}: Thermal Violation time in ns; {CSV}: (in ns)"
+    ),
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": DcgmField(1001, "gauge", None, f"{H}: ratio"),
+    "DCGM_FI_PROF_SM_ACTIVE": DcgmField(1002, "gauge", None, f"{H}: ratio"),
+    "DCGM_FI_PROF_SM_OCCUPANCY": DcgmField(1003, "gauge", None, f"{H}: ratio"),
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": DcgmField(1004, "gauge", None, f"{H}: ratio"),
+    "DCGM_FI_PROF_DRAM_ACTIVE": DcgmField(1005, "gauge", None, f"{H}: ratio"),
+    "DCGM_FI_DEV_XID_ERRORS": DcgmField(230, "gauge", None, f"{H}: the specific XID; {CSV}"),
+}
+ALL_LINKS = "4294967295"
+MIB = 1024 * 1024
 
 
 def stock_counters() -> str:
@@ -50,14 +143,87 @@ def test_every_stock_dcgm_exporter_field_has_its_name_type_and_labels(
     ours = families(first_snapshot_text(fake_nvml))
     theirs = families(render_dcgm(DcgmNode.with_gpus("node-a"), parse_counters(stock_counters())))
     for name, family in theirs.items():
-        if name in NOT_ON_BARE_METAL:
-            assert name not in ours
-            continue
         assert name in ours, f"{name} is in dcgm-exporter's stock counters, not in the agent's"
-        assert ours[name].type == family.type, name
+        assert ours[name].type == TYPE_DEVIATIONS.get(name, family.type), name
         expected = set(family.samples[0].labels)
         for sample in ours[name].samples:
             assert set(sample.labels) == expected, name
+
+
+def exported_dcgm_names() -> set[str]:
+    return {m.name for m in (*cat.GPU_FAMILIES,) if m.name.startswith("DCGM_")}
+
+
+def test_every_exported_dcgm_name_has_dcgm_s_field_unit_and_type() -> None:
+    assert exported_dcgm_names() == set(DCGM_FIELDS)
+    by_name = {metric.name: metric for metric in cat.GPU_FAMILIES}
+    for name, field in DCGM_FIELDS.items():
+        metric = by_name[name]
+        assert metric.kind == field.kind, (
+            f"{name}: {metric.kind}, DCGM ({field.source}): {field.kind}"
+        )
+        if field.unit is not None:
+            assert f"(in {field.unit}" in metric.help, f"{name}: {field.unit} ({field.source})"
+        for other in ("(in us", "(in KiB", "(in ns", "(in MB/s", "(in bytes per second"):
+            if field.unit is None or not other.startswith(f"(in {field.unit}"):
+                assert other not in metric.help, f"{name} claims {other}; DCGM: {field.unit}"
+
+
+def test_the_table_agrees_with_dcgm_exporter_s_stock_counters() -> None:
+    for counter in parse_counters(stock_counters()):
+        if counter.kind == "label":
+            continue
+        field = DCGM_FIELDS[counter.name]
+        assert TYPE_DEVIATIONS.get(counter.name, counter.kind) == field.kind, counter.name
+        stated = re.search(r"\(in ([^)]*)\)", counter.help)
+        if stated:
+            assert field.unit == stated.group(1), counter.name
+        elif "bytes per second" in counter.help:
+            assert field.unit == "bytes per second", counter.name
+
+
+def test_values_carry_dcgm_s_units(fake_nvml: FakeNvml, fixture_data: dict[str, Any]) -> None:
+    def data(tx_kib: int, rx_kib: int, at_us: int) -> None:
+        for key, kib in ((f"138@{ALL_LINKS}", tx_kib), (f"139@{ALL_LINKS}", rx_kib)):
+            entry = {"type": 3, "value": kib, "timestamp": at_us}
+            fake_nvml.set_value(0, "nvmlDeviceGetFieldValues", entry, key)
+
+    data(5_000_000, 5_000_000, 1_764_460_000_000_000)
+    reader = NvmlReader(fake_nvml, "node-a")
+    reader.open()  # takes the first sample of the data counters
+    # 0.5 s later, 48,828 KiB more TX and 48,828 KiB more RX of data: 97,656 KiB / 0.5 s
+    data(5_048_828, 5_048_828, 1_764_460_000_500_000)
+    ours = families(render(gpu_families(reader.read())).decode())
+
+    def gpu0(name: str) -> float:
+        return float(next(s.value for s in ours[name].samples if s.labels["gpu"] == "0"))
+
+    assert gpu0("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL") == 195  # int(195,312 KiB/s / 1000)
+    recorded = fixture_data["devices"][0]
+    # violation time in ns, unconverted (DCGM 4.1 and later)
+    assert gpu0("DCGM_FI_DEV_POWER_VIOLATION") == 90_440_948_982
+    assert (
+        gpu0("DCGM_FI_DEV_POWER_VIOLATION")
+        == (recorded["nvmlDeviceGetViolationStatus"]["0"]["violationTime"])
+    )
+    # PCIe: GPM's average over the sample interval, MiB/s -> bytes/s
+    assert gpu0("DCGM_FI_PROF_PCIE_TX_BYTES") == int(recorded["nvmlGpmMetricsGet"]["20"] * MIB)
+    assert gpu0("DCGM_FI_PROF_PCIE_RX_BYTES") == int(recorded["nvmlGpmMetricsGet"]["21"] * MIB)
+    # field 112 under both names; vGPU license 0 on bare metal, as DCGM
+    assert gpu0("DCGM_FI_DEV_CLOCKS_EVENT_REASONS") == gpu0("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS")
+    assert gpu0("DCGM_FI_DEV_VGPU_LICENSE_STATUS") == 0
+    assert gpu0("DCGM_FI_DEV_FB_USED") == recorded["nvmlDeviceGetMemoryInfo_v2"]["used"] / MIB
+
+
+def test_pcie_falls_back_to_nvml_s_sample_where_gpm_is_unsupported(
+    fake_nvml: FakeNvml, fixture_data: dict[str, Any]
+) -> None:
+    fake_nvml.set_value(4, "nvmlGpmQueryDeviceSupport", {"isSupportedDevice": 0})
+    ours = families(first_snapshot_text(fake_nvml))
+    tx = {s.labels["gpu"]: s.value for s in ours["DCGM_FI_PROF_PCIE_TX_BYTES"].samples}
+    kib_per_second = fixture_data["devices"][4]["nvmlDeviceGetPcieThroughput"]["0"]
+    assert tx["4"] == kib_per_second * 1024
+    assert tx["0"] == int(fixture_data["devices"][0]["nvmlGpmMetricsGet"]["20"] * MIB)
 
 
 def test_the_profiling_families_are_in_the_first_snapshot(fake_nvml: FakeNvml) -> None:
@@ -69,15 +235,25 @@ def test_the_profiling_families_are_in_the_first_snapshot(fake_nvml: FakeNvml) -
 
 
 def test_encoder_decoder_and_vgpu_license_where_nvml_has_them(fake_nvml: FakeNvml) -> None:
+    vgpu = 1  # NVML_GRID_LICENSE_FEATURE_CODE_VGPU; 2 is NVIDIA RTX
     fake_nvml.set_value(
         2,
         "nvmlDeviceGetGridLicensableFeatures",
-        {"isGridLicenseSupported": 1, "featureStates": [0, 1]},
+        {"isGridLicenseSupported": 1, "featureStates": [0, 1], "featureCodes": [2, vgpu]},
+    )
+    fake_nvml.set_value(
+        5,
+        "nvmlDeviceGetGridLicensableFeatures",
+        {"isGridLicenseSupported": 1, "featureStates": [1, 0], "featureCodes": [2, vgpu]},
+    )
+    fake_nvml.set_value(
+        6, "nvmlDeviceGetGridLicensableFeatures", {"nvml_error": "NVML_ERROR_NOT_SUPPORTED"}
     )
     fake_nvml.set_value(3, "nvmlDeviceGetDecoderUtilization", [37, 167000])
     ours = families(first_snapshot_text(fake_nvml))
     license_status = {s.labels["gpu"]: s.value for s in ours[cat.VGPU_LICENSE_STATUS.name].samples}
-    assert license_status == {"2": 1.0}  # only where NVML answers: a vGPU guest
+    # as DCGM: the vGPU feature's state in a guest, 0 on bare metal, nothing where refused
+    assert license_status == {"0": 0, "1": 0, "2": 1, "3": 0, "4": 0, "5": 0, "7": 0}
     decoder = {s.labels["gpu"]: s.value for s in ours[cat.DEC_UTIL.name].samples}
     assert decoder["3"] == 37 and decoder["0"] == 0
     assert len(ours[cat.ENC_UTIL.name].samples) == 8

@@ -12,17 +12,30 @@ from prometheus_client.samples import Sample
 
 from gpufleet.exposition import PrecompressedPart, render
 from gpufleet.gpu import catalogue as cat
-from gpufleet.gpu.fake import FakeNvml
+from gpufleet.gpu.fake import FakeNvml, bundled_fixture
 from gpufleet.gpu.reader import NvmlReader
 from gpufleet.gpu.render import gpu_families
 from gpufleet.gpu.snapshot import GpuSnapshot
 from gpufleet.gpu.xid import XidLedger
 
+NVLINK5 = (
+    cat.NVLINK_RECOVERY_SUCCESSFUL.name,
+    cat.NVLINK_RECOVERY_FAILED.name,
+    cat.NVLINK_RECOVERY_EVENTS.name,
+    cat.NVLINK_SYMBOL_ERRORS.name,
+    cat.NVLINK_EFFECTIVE_ERRORS.name,
+)
+PRE_BLACKWELL_NVLINK = (
+    cat.NVLINK_CRC_FLIT.name,
+    cat.NVLINK_CRC_DATA.name,
+    cat.NVLINK_REPLAY.name,
+    cat.NVLINK_RECOVERY.name,
+)
 UNSUPPORTED_ON_H100 = {
     cat.RETIRED_SBE.name,
     cat.RETIRED_DBE.name,
     cat.RETIRED_PENDING.name,
-    cat.VGPU_LICENSE_STATUS.name,  # bare metal: no vGPU licensing
+    *NVLINK5,
 }
 
 
@@ -174,3 +187,30 @@ def test_precompressed_prefix_plus_fresh_tail_is_one_valid_gzip(prefix: bytes, t
     decoder = zlib.decompressobj(16 + zlib.MAX_WBITS)
     assert decoder.decompress(body) == prefix + tail
     assert decoder.eof and decoder.unused_data == b""
+
+
+def test_a_b200_node_exports_the_nvlink5_series_and_not_the_pre_blackwell_ones() -> None:
+    body = render(gpu_families(snapshot_of(FakeNvml(bundled_fixture("b200-8gpu")))))
+    samples = parse(body)
+    types = types_of(body)
+    for name in (*NVLINK5, cat.NVLINK_ECC_ERRORS.name):
+        assert types[name] == "counter", name
+        assert len(samples[name]) == 8, name
+    for name in PRE_BLACKWELL_NVLINK:
+        assert name not in samples, "unsupported must be omitted, never 0"
+    unsupported = {s.labels["field"]: s.value for s in samples["gpufleet_gpu_fields_unsupported"]}
+    assert {name: unsupported.get(name) for name in PRE_BLACKWELL_NVLINK} == dict.fromkeys(
+        PRE_BLACKWELL_NVLINK, 8.0
+    )
+    recovered = {s.labels["gpu"]: s.value for s in samples[cat.NVLINK_RECOVERY_SUCCESSFUL.name]}
+    assert recovered["6"] == 2 and recovered["0"] == 0
+
+
+def test_series_per_h100_node(fake_nvml: FakeNvml) -> None:
+    """The series budget of one 8-GPU H100 node's GPU part (XIDs aside): 398 before
+    issue 34; +8 each for the 4.x clock-event name, the bare-metal vGPU license status
+    and the NVLink data ECC total, and +4 gpufleet_gpu_fields_unsupported rows (the
+    five NVLink5 counters in place of the vGPU license)."""
+    body = render(gpu_families(snapshot_of(fake_nvml))).decode()
+    series = [line for line in body.splitlines() if line and not line.startswith("#")]
+    assert len(series) == 398 + 3 * 8 + 4

@@ -39,4 +39,8 @@ def test_recorded_errors_are_kept_by_name(fake_nvml: FakeNvml) -> None:
     read_twice(recorder)
     device = recorder.fixture()["devices"][0]
     assert device["nvmlDeviceGetRetiredPages"]["0"] == {"nvml_error": "NVML_ERROR_NOT_SUPPORTED"}
-    assert device["nvmlDeviceGetFieldValues"]["140@17"]["type"] == 3
+    assert device["nvmlDeviceGetFieldValues"]["138@4294967295"]["type"] == 3
+    assert device["nvmlDeviceGetFieldValues"]["213@4294967295"] == {
+        "nvml_error": "NVML_ERROR_NOT_SUPPORTED"
+    }
+    assert device["nvmlDeviceGetMigMode"] == [0, 0]

@@ -1,12 +1,15 @@
 """Every per-GPU metric the agent exports, with dcgm-exporter's names and units.
 
-Names, types and units follow dcgm-exporter (``etc/default-counters.csv`` and
-``dcp-metrics-included.csv``) so existing dashboards and rules keep working.
-What DCGM has no field for lives under the ``gpufleet_`` prefix.
+Names, types and units follow DCGM (``dcgmlib/dcgm_fields.h``, and how
+``dcgmlib/src/DcgmCacheManager.cpp`` computes each field) and dcgm-exporter
+(``etc/default-counters.csv``), so existing dashboards and rules keep working;
+``tests/test_dcgm_agent_dropin.py`` holds the field-by-field table. What DCGM has
+no field for lives under the ``gpufleet_`` prefix.
 """
 
 from __future__ import annotations
 
+from gpufleet.gpu.xid_catalogue import DCGM_MESSAGES, UNKNOWN_MESSAGE
 from gpufleet.schema.family import MetricDef
 
 # dcgm-exporter's identifying label set, in its order. Every released dcgm-exporter
@@ -44,7 +47,8 @@ MEM_COPY_UTIL = _g("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).")
 ENC_UTIL = _g("DCGM_FI_DEV_ENC_UTIL", "Encoder utilization (in %).")
 DEC_UTIL = _g("DCGM_FI_DEV_DEC_UTIL", "Decoder utilization (in %).")
 VGPU_LICENSE_STATUS = _g(
-    "DCGM_FI_DEV_VGPU_LICENSE_STATUS", "vGPU License status (1 licensed, 0 not; vGPU guests only)."
+    "DCGM_FI_DEV_VGPU_LICENSE_STATUS",
+    "vGPU License status (1 licensed; 0 not licensed, or no vGPU licensing: bare metal).",
 )
 FB_FREE = _g("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).")
 FB_USED = _g("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).")
@@ -53,12 +57,14 @@ PCIE_REPLAY = _c("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "Total number of PCIe retrie
 PCIE_TX = _g(
     "DCGM_FI_PROF_PCIE_TX_BYTES",
     "The rate of data transmitted over the PCIe bus, including protocol headers and "
-    "data payloads (in bytes per second, NVML's 20 ms sample).",
+    "data payloads (in bytes per second, averaged over the sample interval by NVML GPM; "
+    "on GPUs without GPM, NVML's 20 ms PCIe throughput sample).",
 )
 PCIE_RX = _g(
     "DCGM_FI_PROF_PCIE_RX_BYTES",
     "The rate of data received over the PCIe bus, including protocol headers and "
-    "data payloads (in bytes per second, NVML's 20 ms sample).",
+    "data payloads (in bytes per second, averaged over the sample interval by NVML GPM; "
+    "on GPUs without GPM, NVML's 20 ms PCIe throughput sample).",
 )
 ECC_SBE_VOL = _c("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "Total number of single-bit volatile ECC errors.")
 ECC_DBE_VOL = _c("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "Total number of double-bit volatile ECC errors.")
@@ -99,19 +105,51 @@ NVLINK_REPLAY = _c("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "Total number 
 NVLINK_RECOVERY = _c(
     "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "Total number of NVLink recovery errors."
 )
-NVLINK_BANDWIDTH = _c(
+# NVLink5 (Blackwell) and Hopper error counters: DCGM fields 1211-1220, each the
+# aggregate over all links. NVML refuses them where the NVLink generation lacks them.
+NVLINK_ECC_ERRORS = _c(
+    "DCGM_FI_DEV_NVLINK_ECC_ERROR_TOTAL", "Total number of NVLink data ECC errors, all links."
+)
+NVLINK_RECOVERY_SUCCESSFUL = _c(
+    "DCGM_FI_DEV_NVLINK_RECOVERY_SUCCESSFUL_TOTAL",
+    "Number of times a link went from up to recovery and came back up, all links (NVLink5).",
+)
+NVLINK_RECOVERY_FAILED = _c(
+    "DCGM_FI_DEV_NVLINK_RECOVERY_FAILED_TOTAL",
+    "Number of times a link went from up to recovery, failed and was declared down, all "
+    "links (NVLink5).",
+)
+NVLINK_RECOVERY_EVENTS = _c(
+    "DCGM_FI_DEV_NVLINK_RECOVERY_EVENT_TOTAL",
+    "Number of times a link went from up to recovery, whatever the result, all links (NVLink5).",
+)
+NVLINK_SYMBOL_ERRORS = _c(
+    "DCGM_FI_DEV_NVLINK_RX_SYMBOL_ERROR_TOTAL",
+    "Number of errors in received symbols, all links (NVLink5).",
+)
+NVLINK_EFFECTIVE_ERRORS = _c(
+    "DCGM_FI_DEV_NVLINK_EFFECTIVE_ERROR_TOTAL",
+    "Sum of the number of errors in each NVLink packet, all links (NVLink5).",
+)
+NVLINK_BANDWIDTH = _g(
     "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
-    "Total NVLink traffic over all links, TX plus RX including protocol overhead (in KiB).",
+    "NVLink data throughput over all links, TX plus RX, without protocol overhead (in MB/s: "
+    "KiB per second / 1000, between two samples, as DCGM computes field 449).",
 )
 CLOCK_THROTTLE_REASONS = _g(
     "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
     "Current clock throttle reasons (bitmask of nvmlClocksEventReason* values).",
 )
+CLOCKS_EVENT_REASONS = _g(
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+    "Current clock event (throttle) reasons (bitmask of nvmlClocksEventReason* values; "
+    "dcgm-exporter 4.x's name for DCGM_FI_DEV_CLOCK_THROTTLE_REASONS, the same DCGM field).",
+)
 POWER_VIOLATION = _c(
-    "DCGM_FI_DEV_POWER_VIOLATION", "Throttling duration due to power constraints (in us)."
+    "DCGM_FI_DEV_POWER_VIOLATION", "Throttling duration due to power constraints (in ns)."
 )
 THERMAL_VIOLATION = _c(
-    "DCGM_FI_DEV_THERMAL_VIOLATION", "Throttling duration due to thermal constraints (in us)."
+    "DCGM_FI_DEV_THERMAL_VIOLATION", "Throttling duration due to thermal constraints (in ns)."
 )
 GR_ENGINE_ACTIVE = _g(
     "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "Ratio of time the graphics engine is active (NVML GPM)."
@@ -169,8 +207,15 @@ VALUE_METRICS: tuple[GpuMetric, ...] = (
     NVLINK_CRC_DATA,
     NVLINK_REPLAY,
     NVLINK_RECOVERY,
+    NVLINK_ECC_ERRORS,
+    NVLINK_RECOVERY_SUCCESSFUL,
+    NVLINK_RECOVERY_FAILED,
+    NVLINK_RECOVERY_EVENTS,
+    NVLINK_SYMBOL_ERRORS,
+    NVLINK_EFFECTIVE_ERRORS,
     NVLINK_BANDWIDTH,
     CLOCK_THROTTLE_REASONS,
+    CLOCKS_EVENT_REASONS,
     POWER_VIOLATION,
     THERMAL_VIOLATION,
     GR_ENGINE_ACTIVE,
@@ -237,31 +282,10 @@ XID_LAST_TIMESTAMP = _g(
     "gpufleet_gpu_last_xid_timestamp_seconds", "Unix time of the last XID error on this GPU."
 )
 
-# dcgm-exporter's err_msg label on DCGM_FI_DEV_XID_ERRORS (NVIDIA's XID catalogue text),
-# for the codes gpufleet's rules know; any other code reads "Unknown Error" here.
-XID_MESSAGES = {
-    0: "No Error",
-    13: "Graphics Engine Exception",
-    31: "GPU memory page fault",
-    43: "GPU stopped processing",
-    45: "Preemptive cleanup, due to previous errors -- Most likely to see when running "
-    "multiple cuda",
-    48: "Double Bit ECC Error",
-    61: "Internal micro-controller breakpoint/warning",
-    62: "Internal micro-controller halt",
-    63: "ECC page retirement or row remapping recording event",
-    64: "ECC page retirement or row remapper recording failure",
-    74: "NVLINK Error",
-    79: "GPU has fallen off the bus",
-    92: "High single-bit ECC error rate",
-    94: "Contained ECC error",
-    95: "Uncontained ECC error",
-    119: "GSP RPC Timeout",
-    120: "GSP Error",
-    140: "Unrecovered ECC Error",
-    154: "GPU Recovery Action Changed",
-}
-XID_UNKNOWN_MESSAGE = "Unknown Error"
+# dcgm-exporter's err_msg label on DCGM_FI_DEV_XID_ERRORS, from the XID table
+# (gpu/xid_catalogue.py): its text for codes 0-172, "Unknown Error" for any other.
+XID_MESSAGES = DCGM_MESSAGES
+XID_UNKNOWN_MESSAGE = UNKNOWN_MESSAGE
 
 # Every family the agent's GPU part exposes, for the schema's index.
 GPU_FAMILIES: tuple[GpuMetric, ...] = (

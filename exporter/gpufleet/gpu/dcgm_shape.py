@@ -27,20 +27,21 @@ from pathlib import Path
 
 from gpufleet.exposition import escape_label_value
 from gpufleet.gpu import catalogue as cat
-from gpufleet.schema.external import CLOCKS_EVENT_REASONS, XID_ERRORS_COUNT
+from gpufleet.schema.external import XID_ERRORS_COUNT
 
 LABEL_KIND = "label"
 XID_COUNT = XID_ERRORS_COUNT.name
 XID_LAST = cat.XID_LAST.name
-THROTTLE_NAMES = (cat.CLOCK_THROTTLE_REASONS.name, CLOCKS_EVENT_REASONS.name)
+THROTTLE_NAMES = (cat.CLOCK_THROTTLE_REASONS.name, cat.CLOCKS_EVENT_REASONS.name)
 XID_WINDOW_MS = 300_000  # dcgm-exporter's default --xid-count-window-size
 
-# The few XID texts the tests meet (dcgm-exporter carries NVIDIA's whole table).
+# The few XID texts the tests meet, as dcgm-exporter's table has them
+# (internal/pkg/collector/xid_errors.go; it carries NVIDIA's whole table).
 XID_TEXT = {
     0: "No Error",
     13: "Graphics Engine Exception",
     31: "GPU memory page fault",
-    48: "DBE (Double Bit Error) ECC Error",
+    48: "Double Bit ECC Error",
     74: "NVLINK Error",
     79: "GPU has fallen off the bus",
     94: "Contained ECC error",
@@ -60,7 +61,7 @@ HEALTHY_VALUES = {
     "DCGM_FI_DEV_FB_FREE": 8552.0,
     "DCGM_FI_DEV_FB_USED": 72440.0,
     "DCGM_FI_DEV_FB_RESERVED": 566.0,
-    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": 3.1e11,
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": 451000.0,  # KiB/s / 1000: half of 900 GB/s
     "DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.98,
     "DCGM_FI_PROF_SM_ACTIVE": 0.89,
     "DCGM_FI_PROF_SM_OCCUPANCY": 0.35,

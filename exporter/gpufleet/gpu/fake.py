@@ -18,7 +18,9 @@ Fixture format (JSON), as written by ``gpufleet nvml-record``::
 
 A call's entry is its result, or a mapping from its non-handle arguments
 (comma-joined) to results. ``{"nvml_error": NAME}`` is an NVML error. A call
-the fixture does not mention answers NVML_ERROR_NOT_SUPPORTED.
+the fixture does not mention answers NVML_ERROR_NOT_SUPPORTED. A field value
+read for one scope is keyed ``ID@SCOPE`` (4294967295: every link at once); it
+may carry NVML's ``timestamp`` (us since the epoch).
 """
 
 from __future__ import annotations
@@ -38,6 +40,16 @@ import pynvml
 
 FIXTURE_FORMAT = "gpufleet-nvml-fixture/1"
 _MISSING = object()
+# What NVML refuses (NOT_SUPPORTED) for a whole GPU while it is in MIG mode.
+REFUSED_UNDER_MIG = frozenset(
+    {
+        "nvmlDeviceGetRemappedRows",
+        "nvmlDeviceGetUtilizationRates",
+        "nvmlDeviceGetEncoderUtilization",
+        "nvmlDeviceGetDecoderUtilization",
+        "nvmlGpmSampleGet",
+    }
+)
 
 
 def load_fixture(path: str | Path) -> dict[str, Any]:
@@ -106,6 +118,7 @@ class FakeNvml:
         self._handles = [FakeHandle(i) for i in range(len(self._devices))]
         self._lock = threading.Lock()
         self._lost: set[int] = set()
+        self._mig: set[int] = set()
         self._hangs: dict[str, HangControl] = {}
         self._events: queue.Queue[FakeEventData] = queue.Queue()
         self._gpm_ids = itertools.count(0x1000)
@@ -129,6 +142,17 @@ class FakeNvml:
     def restore_gpu(self, index: int) -> None:
         with self._lock:
             self._lost.discard(index)
+
+    def set_mig_mode(self, index: int, enabled: bool) -> None:
+        """Turn MIG mode on or off for one GPU: NVML reports the new mode and, while it
+        is on, refuses the whole-GPU queries of ``REFUSED_UNDER_MIG``."""
+        mode = 1 if enabled else 0
+        with self._lock:
+            self._devices[index]["nvmlDeviceGetMigMode"] = [mode, mode]
+            if enabled:
+                self._mig.add(index)
+            else:
+                self._mig.discard(index)
 
     def inject_xid(self, index: int, xid: int) -> None:
         self._events.put(
@@ -164,12 +188,15 @@ class FakeNvml:
             self.calls[call] += 1
             hang = self._hangs.get(call)
             lost = handle is not None and handle.index in self._lost
+            mig = handle is not None and handle.index in self._mig
         if hang is not None:
             hang.wait()
         if not self.initialized and call != "nvmlInit":
             raise nvml_error("NVML_ERROR_UNINITIALIZED")
         if lost:
             raise nvml_error("NVML_ERROR_GPU_IS_LOST")
+        if mig and call in REFUSED_UNDER_MIG:
+            raise nvml_error("NVML_ERROR_NOT_SUPPORTED")
 
     def _lookup(self, index: int | None, call: str, key: str | None = None) -> Any:
         with self._lock:
@@ -269,10 +296,15 @@ class FakeNvml:
         features = pynvml.c_nvmlGridLicensableFeatures_v4_t()
         features.isGridLicenseSupported = int(recorded["isGridLicenseSupported"])
         states = list(recorded.get("featureStates", []))
+        codes = list(recorded.get("featureCodes", [pynvml.NVML_GRID_LICENSE_FEATURE_CODE_VGPU]))
         features.licensableFeaturesCount = len(states)
         for slot, state in enumerate(states):
             features.gridLicensableFeatures[slot].featureState = int(state)
+            features.gridLicensableFeatures[slot].featureCode = int(codes[slot % len(codes)])
         return features
+
+    def nvmlDeviceGetMigMode(self, handle: FakeHandle) -> list[int]:
+        return [int(mode) for mode in self._device(handle, "nvmlDeviceGetMigMode")]
 
     def nvmlDeviceGetMemoryInfo(self, handle: FakeHandle, version: int | None = None) -> Any:
         if version:
@@ -348,6 +380,7 @@ class FakeNvml:
                 value_type = int(entry.get("type", pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG))
                 values[slot].nvmlReturn = pynvml.NVML_SUCCESS
                 values[slot].valueType = value_type
+                values[slot].timestamp = int(entry.get("timestamp", 0))
                 attr = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")[value_type]
                 setattr(values[slot].value, attr, entry["value"])
         return values

@@ -2,8 +2,10 @@
 
 One ``NvmlReader.read()`` is one collection cycle and returns an immutable
 ``GpuSnapshot``. The reader never raises on a GPU's failure: an unsupported
-field is omitted and remembered (NVML is not asked again), a lost GPU is
-reported as down, and any other failure is counted per NVML call.
+field is omitted and remembered (NVML is not asked again, except for the calls
+whose support depends on the GPU's mode, which are asked again when the MIG mode
+changes and every ``reprobe_after_s``), a lost GPU is reported as down, and any
+other failure is counted per NVML call.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ NvmlApi = Any
 # Errors that mean the GPU itself is gone or unusable until reset.
 _GPU_DOWN_ERRORS = frozenset({15, 16, 28})  # GPU_IS_LOST, RESET_REQUIRED, GPU_NOT_FOUND
 _NOT_SUPPORTED = 3
+_MIG_MODE_UNKNOWN = -1
 _FUNCTION_NOT_FOUND = 13
 _ARGUMENT_VERSION_MISMATCH = 25
 
@@ -86,29 +89,54 @@ class InFlightCall:
     token: int
 
 
+# An NVML field value: its id, or (id, scopeId).
+_FieldKey = int | tuple[int, int]
+# scopeId meaning every link at once, as DCGM passes it (DcgmCacheManager.cpp).
+_ALL_LINKS = 0xFFFFFFFF
+
+
 @dataclass(slots=True)
 class _GpuState:
     handle: Any
     identity: GpuIdentity
     unsupported_probes: set[str] = field(default_factory=set)
     unsupported_fields: set[str] = field(default_factory=set)
-    nvlink_links: int = 0
+    # NVML field values (id, scope) NVML reported unsupported; not asked again
+    unsupported_field_ids: set[_FieldKey] = field(default_factory=set)
+    # when each mode-dependent probe was found unsupported (monotonic seconds)
+    refused_at: dict[str, float] = field(default_factory=dict)
+    mig_mode: int | None = _MIG_MODE_UNKNOWN  # None: the GPU has no MIG mode
+    nvlink_data: tuple[int, float] | None = None  # (TX + RX KiB, timestamp in us)
     gpm_supported: bool | None = None
+    gpm_unsupported_ids: set[int] = field(default_factory=set)
     gpm_previous: Any = None
     gpm_previous_at: float = 0.0
 
 
-# NVML field IDs read in one nvmlDeviceGetFieldValues call, with the metric each feeds.
-_FIELD_METRICS: tuple[tuple[int, cat.GpuMetric], ...] = (
+# NVML field values read in one nvmlDeviceGetFieldValues call, with the metric each
+# feeds; ids from nvml.h, and the DCGM field each becomes (dcgm_fields.cpp maps them).
+_FIELD_METRICS: tuple[tuple[_FieldKey, cat.GpuMetric], ...] = (
     (82, cat.MEMORY_TEMP),  # NVML_FI_DEV_MEMORY_TEMP
-    (38, cat.NVLINK_CRC_FLIT),  # NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL
-    (45, cat.NVLINK_CRC_DATA),  # NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL
-    (52, cat.NVLINK_REPLAY),  # NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL
-    (59, cat.NVLINK_RECOVERY),  # NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL
+    (38, cat.NVLINK_CRC_FLIT),  # NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL (pre-Blackwell)
+    (45, cat.NVLINK_CRC_DATA),  # NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL (pre-Blackwell)
+    (52, cat.NVLINK_REPLAY),  # NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL (pre-Blackwell)
+    (59, cat.NVLINK_RECOVERY),  # NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL (pre-Blackwell)
+    (160, cat.NVLINK_ECC_ERRORS),  # NVML_FI_DEV_NVLINK_ECC_DATA_ERROR_COUNT_TOTAL (Hopper+)
+    # NVLink5 counters: DCGM asks for them with the all-links scope (NvLink aggregate)
+    ((213, _ALL_LINKS), cat.NVLINK_RECOVERY_SUCCESSFUL),  # ..._LINK_RECOVERY_SUCCESSFUL_EVENTS
+    ((214, _ALL_LINKS), cat.NVLINK_RECOVERY_FAILED),  # ..._COUNT_LINK_RECOVERY_FAILED_EVENTS
+    ((215, _ALL_LINKS), cat.NVLINK_RECOVERY_EVENTS),  # ..._COUNT_LINK_RECOVERY_EVENTS
+    ((221, _ALL_LINKS), cat.NVLINK_SYMBOL_ERRORS),  # NVML_FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS
+    ((219, _ALL_LINKS), cat.NVLINK_EFFECTIVE_ERRORS),  # NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS
     (230, cat.RECOVERY_ACTION),  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
 )
-_FI_NVLINK_LINK_COUNT = 91
-_FI_NVLINK_THROUGHPUT_RAW = (140, 141)  # TX, RX in KiB, per link (scopeId)
+# NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX / _RX: KiB of data (no protocol) since boot.
+_FI_NVLINK_DATA = ((138, _ALL_LINKS), (139, _ALL_LINKS))
+# NVML_FI_DEV_PERF_POLICY_POWER / _THERMAL: time held back by the policy, in ns. DCGM
+# reads DCGM_FI_DEV_POWER_VIOLATION / _THERMAL_VIOLATION from them unconverted.
+_FI_POWER_VIOLATION = 74
+_FI_THERMAL_VIOLATION = 75
+_VIOLATION_FIELDS = (_FI_POWER_VIOLATION, _FI_THERMAL_VIOLATION)
 
 # GPM metric IDs (percent) for the DCGM profiling fields (ratios).
 _GPM_METRICS: tuple[tuple[int, cat.GpuMetric], ...] = (
@@ -118,6 +146,22 @@ _GPM_METRICS: tuple[tuple[int, cat.GpuMetric], ...] = (
     (5, cat.PIPE_TENSOR_ACTIVE),  # NVML_GPM_METRIC_ANY_TENSOR_UTIL
     (10, cat.DRAM_ACTIVE),  # NVML_GPM_METRIC_DRAM_BW_UTIL
 )
+# GPM metric IDs in MiB/s for DCGM_FI_PROF_PCIE_TX/RX_BYTES (bytes/s; DCGM multiplies
+# by 1024 * 1024, DcgmCacheManager.cpp). Without GPM, NVML's PCIe throughput stands in.
+_GPM_PCIE: tuple[tuple[int, cat.GpuMetric], ...] = (
+    (20, cat.PCIE_TX),  # NVML_GPM_METRIC_PCIE_TX_PER_SEC
+    (21, cat.PCIE_RX),  # NVML_GPM_METRIC_PCIE_RX_PER_SEC
+)
+_MIB = 1024.0 * 1024.0
+_GRID_LICENSE_FEATURE_CODE_VGPU = 1  # NVML_GRID_LICENSE_FEATURE_CODE_VGPU
+
+# Probes whose support depends on the GPU's mode: with MIG instances NVML refuses the
+# whole-GPU remapped rows, utilisation, codec and GPM queries. Asked again when the MIG
+# mode changes and every reprobe_after_s, instead of never.
+_MODE_DEPENDENT_PROBES = frozenset(
+    {"remapped_rows", "utilization", "encoder", "decoder", "gpm", "pcie_tx", "pcie_rx"}
+)
+DEFAULT_REPROBE_AFTER_S = 300.0
 
 # GPM metrics are rates between two samples; closer ones are noise.
 _GPM_MIN_INTERVAL_S = 0.1
@@ -156,11 +200,14 @@ class NvmlReader:
         expected_gpus: int | None = None,
         errors: CallErrors | None = None,
         collector: str = "gpu",
+        *,
+        reprobe_after_s: float = DEFAULT_REPROBE_AFTER_S,
     ) -> None:
         self.nvml = nvml
         self.hostname = hostname
         self.errors = errors if errors is not None else CallErrors()
         self._collector = collector
+        self._reprobe_after_s = reprobe_after_s
         self._configured_expected = expected_gpus
         self._gpus: list[_GpuState] = []
         self._first_seen = 0
@@ -171,6 +218,7 @@ class NvmlReader:
         self.cuda_driver_version = ""
         self._opened = False
         self._probes = self._build_probes()
+        self._probe_by_name = {probe.name: probe for probe in self._probes}
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -197,10 +245,12 @@ class NvmlReader:
         for index in range(count):
             self._gpus.append(self._enumerate(index))
         self._first_seen = count
-        # One GPM sample now, so that the first snapshot (what /readyz waits for) already
-        # has the DCGM_FI_PROF_* families, as dcgm-exporter's first scrape does.
+        # One NVLink data and one GPM sample now, so that the first snapshot (what /readyz
+        # waits for) already has the rates (NVLink bandwidth, DCGM_FI_PROF_*), as
+        # dcgm-exporter's first scrape does.
         for state in self._gpus:
             if state.handle is not None:
+                self._prime_nvlink(state)
                 self._prime_gpm(state)
 
     def close(self) -> None:
@@ -254,6 +304,7 @@ class NvmlReader:
         values: dict[str, float] = {}
         reasons: int | None = None
         try:
+            self._reprobe_mode_dependent(state)
             for probe in self._probes:
                 if probe.name in state.unsupported_probes:
                     continue
@@ -262,6 +313,8 @@ class NvmlReader:
                 except _Unsupported:
                     state.unsupported_probes.add(probe.name)
                     state.unsupported_fields.update(metric.name for metric in probe.metrics)
+                    if probe.name in _MODE_DEPENDENT_PROBES:
+                        state.refused_at[probe.name] = time.monotonic()
                 except _CallFailed:
                     continue
                 else:
@@ -272,6 +325,33 @@ class NvmlReader:
         return GpuReading(
             identity=state.identity, up=True, values=values, clock_event_reasons=reasons
         )
+
+    def _reprobe_mode_dependent(self, state: _GpuState) -> None:
+        """Forget that mode-dependent probes were refused when the MIG mode changed or
+        they were refused long enough ago; they are asked again this cycle."""
+        mig_changed = False
+        if state.mig_mode is not None:
+            try:
+                current, _pending = self._device_call(state, "nvmlDeviceGetMigMode")
+            except _Unsupported:
+                state.mig_mode = None  # no MIG on this GPU: its mode never changes
+            except _CallFailed:
+                pass
+            else:
+                mig_changed = state.mig_mode not in (_MIG_MODE_UNKNOWN, int(current))
+                state.mig_mode = int(current)
+        if not state.refused_at:
+            return
+        now = time.monotonic()
+        for name, refused in list(state.refused_at.items()):
+            if mig_changed or now - refused >= self._reprobe_after_s:
+                del state.refused_at[name]
+                state.unsupported_probes.discard(name)
+                probe = self._probe_by_name[name]
+                state.unsupported_fields.difference_update(m.name for m in probe.metrics)
+                if name == "gpm":
+                    state.gpm_supported = None
+                    state.gpm_unsupported_ids.clear()
 
     # -- NVML call plumbing ------------------------------------------------------
 
@@ -347,25 +427,25 @@ class NvmlReader:
             model=text("nvmlDeviceGetName"),
             hostname=self.hostname,
         )
-        try:
-            links = self._field_values(state, [_FI_NVLINK_LINK_COUNT])
-            value = links.get(_FI_NVLINK_LINK_COUNT)
-            state.nvlink_links = int(value) if isinstance(value, int | float) else 0
-        except (_CallFailed, _Unsupported, _GpuDown):
-            state.nvlink_links = 0
         return state
 
     def _field_values(
-        self, state: _GpuState, field_ids: list[int | tuple[int, int]]
-    ) -> dict[int | tuple[int, int], float | int | None]:
-        """Read NVML field values; None marks a field the GPU does not support."""
+        self,
+        state: _GpuState,
+        field_ids: list[_FieldKey],
+        stamps: dict[_FieldKey, int] | None = None,
+    ) -> dict[_FieldKey, float | int | None]:
+        """Read NVML field values; None marks a field the GPU does not support. NVML's
+        timestamp of each value (us since the epoch, 0 if none) goes into ``stamps``."""
         raw = self._device_call(state, "nvmlDeviceGetFieldValues", field_ids)
-        result: dict[int | tuple[int, int], float | int | None] = {}
+        result: dict[_FieldKey, float | int | None] = {}
         for requested, entry in zip(field_ids, raw, strict=False):
             ret = int(entry.nvmlReturn)
             if ret == 0:
                 attr = _VALUE_ATTR_BY_TYPE.get(int(entry.valueType), "ullVal")
                 result[requested] = getattr(entry.value, attr)
+                if stamps is not None:
+                    stamps[requested] = int(entry.timestamp)
             elif ret in (_NOT_SUPPORTED, _FUNCTION_NOT_FOUND):
                 result[requested] = None
             elif ret in _GPU_DOWN_ERRORS:
@@ -389,8 +469,6 @@ class NvmlReader:
             _Probe("vgpu_license", (cat.VGPU_LICENSE_STATUS,), self._read_vgpu_license),
             _Probe("memory", (cat.FB_FREE, cat.FB_USED, cat.FB_RESERVED), self._read_memory),
             _Probe("pcie_replay", (cat.PCIE_REPLAY,), self._read_pcie_replay),
-            _Probe("pcie_tx", (cat.PCIE_TX,), self._pcie_throughput(0, cat.PCIE_TX)),
-            _Probe("pcie_rx", (cat.PCIE_RX,), self._pcie_throughput(1, cat.PCIE_RX)),
             _Probe("ecc_sbe_vol", (cat.ECC_SBE_VOL,), self._ecc(0, 0, cat.ECC_SBE_VOL)),
             _Probe("ecc_dbe_vol", (cat.ECC_DBE_VOL,), self._ecc(1, 0, cat.ECC_DBE_VOL)),
             _Probe("ecc_sbe_agg", (cat.ECC_SBE_AGG,), self._ecc(0, 1, cat.ECC_SBE_AGG)),
@@ -408,21 +486,33 @@ class NvmlReader:
                 ),
                 self._read_remapped_rows,
             ),
+            # GPM first: the wait for a meaningful GPM interval after open() also spaces
+            # the NVLink data samples
+            _Probe("gpm", tuple(metric for _, metric in _GPM_METRICS), self._read_gpm),
+            # the violation times come with these field values where NVML has them
             _Probe(
                 "field_values",
                 (*(metric for _, metric in _FIELD_METRICS), cat.NVLINK_BANDWIDTH),
                 self._read_field_values,
             ),
-            _Probe("clock_event_reasons", (cat.CLOCK_THROTTLE_REASONS,), self._read_clock_reasons),
             _Probe(
-                "power_violation", (cat.POWER_VIOLATION,), self._violation(0, cat.POWER_VIOLATION)
+                "clock_event_reasons",
+                (cat.CLOCK_THROTTLE_REASONS, cat.CLOCKS_EVENT_REASONS),
+                self._read_clock_reasons,
+            ),
+            _Probe(
+                "power_violation",
+                (cat.POWER_VIOLATION,),
+                self._violation(_FI_POWER_VIOLATION, 0, cat.POWER_VIOLATION),
             ),
             _Probe(
                 "thermal_violation",
                 (cat.THERMAL_VIOLATION,),
-                self._violation(1, cat.THERMAL_VIOLATION),
+                self._violation(_FI_THERMAL_VIOLATION, 1, cat.THERMAL_VIOLATION),
             ),
-            _Probe("gpm", tuple(metric for _, metric in _GPM_METRICS), self._read_gpm),
+            # after GPM, which gives DCGM's PCIe rates where the GPU has it
+            _Probe("pcie_tx", (cat.PCIE_TX,), self._pcie_throughput(0, 20, cat.PCIE_TX)),
+            _Probe("pcie_rx", (cat.PCIE_RX,), self._pcie_throughput(1, 21, cat.PCIE_RX)),
         )
 
     def _clock(
@@ -464,13 +554,18 @@ class NvmlReader:
         return read
 
     def _read_vgpu_license(self, state: _GpuState, values: dict[str, float]) -> None:
-        """1 when a vGPU guest holds a license, 0 when not; omitted on bare metal."""
+        """As DCGM (DcgmCacheManager.cpp): 0 where NVML says the GPU has no vGPU licensing
+        (bare metal), else the state of the vGPU feature; omitted where NVML refuses."""
         features = self._device_call(state, "nvmlDeviceGetGridLicensableFeatures")
         if not features.isGridLicenseSupported:
-            raise _Unsupported
+            values[cat.VGPU_LICENSE_STATUS.name] = 0.0
+            return
         count = min(int(features.licensableFeaturesCount), len(features.gridLicensableFeatures))
-        licensed = any(features.gridLicensableFeatures[i].featureState for i in range(count))
-        values[cat.VGPU_LICENSE_STATUS.name] = 1.0 if licensed else 0.0
+        for slot in range(count):
+            feature = features.gridLicensableFeatures[slot]
+            if int(feature.featureCode) == _GRID_LICENSE_FEATURE_CODE_VGPU:
+                values[cat.VGPU_LICENSE_STATUS.name] = 1.0 if feature.featureState > 0 else 0.0
+                return
 
     def _read_memory(self, state: _GpuState, values: dict[str, float]) -> None:
         mib = 1024.0 * 1024.0
@@ -490,9 +585,14 @@ class NvmlReader:
         )
 
     def _pcie_throughput(
-        self, counter: int, metric: cat.GpuMetric
+        self, counter: int, gpm_id: int, metric: cat.GpuMetric
     ) -> Callable[[_GpuState, dict[str, float]], None]:
+        """The fallback where GPM has no PCIe rate: NVML's 20 ms sample, in KiB/s."""
+
         def read(state: _GpuState, values: dict[str, float]) -> None:
+            gpm_refused = "gpm" in state.unsupported_probes or gpm_id in state.gpm_unsupported_ids
+            if state.gpm_supported and not gpm_refused:
+                return  # GPM gives it (or gives it next cycle)
             kib_per_second = self._device_call(state, "nvmlDeviceGetPcieThroughput", counter)
             values[metric.name] = kib_per_second * 1024.0
 
@@ -531,40 +631,63 @@ class NvmlReader:
         values[cat.ROW_REMAP_FAILURE.name] = 1.0 if failure else 0.0
 
     def _read_field_values(self, state: _GpuState, values: dict[str, float]) -> None:
-        wanted: list[int | tuple[int, int]] = [
-            field_id
-            for field_id, metric in _FIELD_METRICS
-            if metric.name not in state.unsupported_fields
+        unsupported = state.unsupported_field_ids
+        wanted: list[_FieldKey] = [
+            key
+            for key in (
+                *(key for key, _ in _FIELD_METRICS),
+                *_VIOLATION_FIELDS,
+                *_FI_NVLINK_DATA,
+            )
+            if key not in unsupported
         ]
-        links = range(state.nvlink_links)
-        bandwidth = cat.NVLINK_BANDWIDTH.name not in state.unsupported_fields and state.nvlink_links
-        if bandwidth:
-            wanted += [(fid, link) for fid in _FI_NVLINK_THROUGHPUT_RAW for link in links]
-        elif cat.NVLINK_BANDWIDTH.name not in state.unsupported_fields:
-            state.unsupported_fields.add(cat.NVLINK_BANDWIDTH.name)
         if not wanted:
             raise _Unsupported
-        result = self._field_values(state, wanted)
-        for field_id, metric in _FIELD_METRICS:
-            if field_id not in result:
-                continue
-            value = result[field_id]
+        stamps: dict[_FieldKey, int] = {}
+        result = self._field_values(state, wanted, stamps)
+        for key, value in result.items():
             if value is None:
-                state.unsupported_fields.add(metric.name)
-            else:
+                unsupported.add(key)
+        for key, metric in _FIELD_METRICS:
+            value = result.get(key)
+            if value is not None:
                 values[metric.name] = float(value)
-        if bandwidth:
-            keys = [(fid, link) for fid in _FI_NVLINK_THROUGHPUT_RAW for link in links]
-            if any(key not in result for key in keys):
-                return  # a link failed this cycle (counted): a partial sum is not a counter
-            parts = [result[key] for key in keys]
-            if all(part is None for part in parts):
-                state.unsupported_fields.add(cat.NVLINK_BANDWIDTH.name)
-            else:
-                # Inactive links report NOT_SUPPORTED; the total is over active links.
-                values[cat.NVLINK_BANDWIDTH.name] = float(
-                    sum(part for part in parts if part is not None)
-                )
+            elif key in unsupported:
+                state.unsupported_fields.add(metric.name)
+        for key, metric in (
+            (_FI_POWER_VIOLATION, cat.POWER_VIOLATION),
+            (_FI_THERMAL_VIOLATION, cat.THERMAL_VIOLATION),
+        ):
+            value = result.get(key)
+            if value is not None:
+                values[metric.name] = float(value)  # ns, as DCGM publishes it
+        if any(key in unsupported for key in _FI_NVLINK_DATA):
+            state.unsupported_fields.add(cat.NVLINK_BANDWIDTH.name)
+            return
+        self._nvlink_bandwidth(state, values, result, stamps)
+
+    def _nvlink_bandwidth(
+        self,
+        state: _GpuState,
+        values: dict[str, float],
+        result: dict[_FieldKey, float | int | None],
+        stamps: dict[_FieldKey, int],
+    ) -> None:
+        """DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL as DCGM computes it (DcgmCacheManager.cpp,
+        ReadAndCacheNvLinkBandwidth): the TX + RX data counters' growth in KiB, per second
+        between two samples, / 1000. The first sample has no rate: nothing is exported."""
+        parts = [result.get(key) for key in _FI_NVLINK_DATA]
+        if any(part is None for part in parts):
+            return  # the call failed for a link this cycle (counted)
+        total = int(sum(int(part) for part in parts if part is not None))
+        stamp = max(stamps.get(key, 0) for key in _FI_NVLINK_DATA) or int(time.time() * 1e6)
+        previous, state.nvlink_data = state.nvlink_data, (total, stamp)
+        if previous is None:
+            return
+        seconds = (stamp - previous[1]) / 1e6
+        if seconds <= 0 or total < previous[0]:
+            return  # no time between the samples, or the counters were reset
+        values[cat.NVLINK_BANDWIDTH.name] = float(int((total - previous[0]) / seconds / 1000.0))
 
     def _read_clock_reasons(self, state: _GpuState, values: dict[str, float]) -> int:
         try:
@@ -572,17 +695,33 @@ class NvmlReader:
         except _Unsupported:
             # Drivers before R535 only know the older name of the same bitmask.
             reasons = int(self._device_call(state, "nvmlDeviceGetCurrentClocksThrottleReasons"))
+        # DCGM field 112 under both of dcgm-exporter's names (3.x and 4.x)
         values[cat.CLOCK_THROTTLE_REASONS.name] = float(reasons)
+        values[cat.CLOCKS_EVENT_REASONS.name] = float(reasons)
         return reasons
 
     def _violation(
-        self, policy: int, metric: cat.GpuMetric
+        self, field_id: int, policy: int, metric: cat.GpuMetric
     ) -> Callable[[_GpuState, dict[str, float]], None]:
+        """The fallback for drivers without the perf-policy field values:
+        nvmlDeviceGetViolationStatus (deprecated in NVML 13), also in ns."""
+
         def read(state: _GpuState, values: dict[str, float]) -> None:
+            fields_refused = "field_values" in state.unsupported_probes
+            if not fields_refused and field_id not in state.unsupported_field_ids:
+                return  # read with the field values (or failed there this cycle, counted)
             violation = self._device_call(state, "nvmlDeviceGetViolationStatus", policy)
-            values[metric.name] = violation.violationTime / 1000.0  # ns -> us, as DCGM
+            values[metric.name] = float(violation.violationTime)
 
         return read
+
+    def _prime_nvlink(self, state: _GpuState) -> None:
+        try:
+            stamps: dict[_FieldKey, int] = {}
+            result = self._field_values(state, list(_FI_NVLINK_DATA), stamps)
+            self._nvlink_bandwidth(state, {}, result, stamps)
+        except (_CallFailed, _Unsupported, _GpuDown):
+            pass  # the first cycle tries again (and records what it finds)
 
     def _prime_gpm(self, state: _GpuState) -> None:
         try:
@@ -626,10 +765,10 @@ class NvmlReader:
         try:
             request = nvml.c_nvmlGpmMetricsGet_t()
             request.version = nvml.NVML_GPM_METRICS_GET_VERSION
-            request.numMetrics = len(_GPM_METRICS)
+            request.numMetrics = len(_GPM_METRICS) + len(_GPM_PCIE)
             request.sample1 = previous
             request.sample2 = sample
-            for slot, (metric_id, _) in enumerate(_GPM_METRICS):
+            for slot, (metric_id, _) in enumerate((*_GPM_METRICS, *_GPM_PCIE)):
                 request.metrics[slot].metricId = metric_id
             self._call("nvmlGpmMetricsGet", state.identity.index, nvml.nvmlGpmMetricsGet, request)
         finally:
@@ -640,6 +779,12 @@ class NvmlReader:
                 values[metric.name] = float(result.value) / 100.0
             elif int(result.nvmlReturn) == _NOT_SUPPORTED:
                 state.unsupported_fields.add(metric.name)
+        for slot, (metric_id, metric) in enumerate(_GPM_PCIE, start=len(_GPM_METRICS)):
+            result = request.metrics[slot]
+            if int(result.nvmlReturn) == 0:
+                values[metric.name] = float(int(float(result.value) * _MIB))  # MiB/s -> B/s
+            elif int(result.nvmlReturn) == _NOT_SUPPORTED:
+                state.gpm_unsupported_ids.add(metric_id)  # the PCIe fallback reads it
 
     def _free_gpm_sample(self, state: _GpuState) -> None:
         sample, state.gpm_previous = state.gpm_previous, None

@@ -144,6 +144,9 @@ class RecordingNvml:
                 "featureStates": [
                     int(result.gridLicensableFeatures[i].featureState) for i in range(count)
                 ],
+                "featureCodes": [
+                    int(result.gridLicensableFeatures[i].featureCode) for i in range(count)
+                ],
             }
         elif name in ("nvmlDeviceGetEncoderUtilization", "nvmlDeviceGetDecoderUtilization"):
             value = [int(part) for part in result]

@@ -24,18 +24,29 @@ ALERTS_FOR_STATE = MetricDef(
 )
 PROMETHEUS_FAMILIES = (UP, ALERTS, ALERTS_FOR_STATE)
 
-# dcgm-exporter names the rules read where the agent exposes its own equivalent:
-# its XID count per code (the agent's is gpufleet_gpu_xid_errors_total) and the 4.x
-# name of the throttle bitmask (the agent keeps the older DCGM_FI_DEV_CLOCK_THROTTLE_REASONS).
+# dcgm-exporter names the rules read where the agent exposes its own equivalent. Its XID
+# count per code (the agent's is gpufleet_gpu_xid_errors_total). A gauge: it is
+# the number of XIDs within a sliding window (internal/pkg/collector/expcollector.go
+# counts the values since now - window), so it falls as XIDs age out. dcgm-exporter
+# serves it under the type its counters file gives; gpufleet's file says gauge.
 XID_ERRORS_COUNT = MetricDef(
     "DCGM_EXP_XID_ERRORS_COUNT",
     "gauge",
     "Count of XID errors within the user-specified time window, per XID code.",
     ("xid",),
 )
-CLOCKS_EVENT_REASONS = MetricDef(
-    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+# NVML's recommended recovery action (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION) as DCGM field
+# 1523 (dcgm_fields.h: DCGM_FI_DEV_GPU_RECOVERY_ACTION, DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION
+# its older name); the agent exports it as gpufleet_gpu_recovery_action.
+GPU_RECOVERY_ACTION = MetricDef(
+    "DCGM_FI_DEV_GPU_RECOVERY_ACTION",
     "gauge",
-    "Current clock event (throttle) reasons, a bitmask (dcgm-exporter 4.x's name).",
+    "GPU recovery action (nvmlDeviceGpuRecoveryAction_t: 0 none, 1 GPU reset, 2 node reboot, "
+    "3 drain P2P, 4 drain and reset).",
 )
-DCGM_EXPORTER_ONLY = (XID_ERRORS_COUNT, CLOCKS_EVENT_REASONS)
+GET_GPU_RECOVERY_ACTION = MetricDef(
+    "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION",
+    "gauge",
+    "GPU recovery action (the older name of DCGM_FI_DEV_GPU_RECOVERY_ACTION).",
+)
+DCGM_EXPORTER_ONLY = (XID_ERRORS_COUNT, GPU_RECOVERY_ACTION, GET_GPU_RECOVERY_ACTION)

@@ -681,13 +681,16 @@ class Cluster:
             cat.PCIE_TX.name: 3.1e6 * load,
             cat.PCIE_RX.name: 2.9e6 * load,
             cat.CLOCK_THROTTLE_REASONS.name: float(self.throttle[node, gpu]),
+            cat.CLOCKS_EVENT_REASONS.name: float(self.throttle[node, gpu]),
+            cat.VGPU_LICENSE_STATUS.name: 0.0,  # bare metal, as DCGM reports it
             cat.POWER_VIOLATION.name: 0.0,
             cat.THERMAL_VIOLATION.name: 0.0,
             cat.SM_ACTIVE.name: round(0.9 * load / slow, 4),
             cat.SM_OCCUPANCY.name: round(0.35 * load, 4),
             cat.PIPE_TENSOR_ACTIVE.name: round(0.55 * load / slow, 4),
             cat.DRAM_ACTIVE.name: round(0.42 * load, 4),
-            cat.NVLINK_BANDWIDTH.name: float(self.now - self.start) * 4.6e7,
+            # DCGM's unit: data KiB/s over all links / 1000 (~460 GB/s while training)
+            cat.NVLINK_BANDWIDTH.name: round(449_000.0 * load),
             cat.RECOVERY_ACTION.name: float(self.recovery_action[node, gpu]),
         }
         for name, array in self.counters.items():
