@@ -126,12 +126,19 @@ def build(config: RulesConfig) -> dm.Dashboard:
     )
     gpu_panel(
         "NVLink errors",
-        "NVLink CRC, replay and recovery errors per interval.",
+        "NVLink errors per interval: CRC, replay and recovery errors before Blackwell; "
+        "data ECC errors from Hopper on; link recoveries (failed and all) and symbol / "
+        "effective errors on Blackwell (NVLink5), where the older counters are gone.",
         "short",
         (cat.NVLINK_CRC_FLIT.name, GPU_LEGEND + " CRC flit"),
         (cat.NVLINK_CRC_DATA.name, GPU_LEGEND + " CRC data"),
         (cat.NVLINK_REPLAY.name, GPU_LEGEND + " replay"),
         (cat.NVLINK_RECOVERY.name, GPU_LEGEND + " recovery"),
+        (cat.NVLINK_ECC_ERRORS.name, GPU_LEGEND + " data ECC"),
+        (cat.NVLINK_RECOVERY_FAILED.name, GPU_LEGEND + " recovery failed"),
+        (cat.NVLINK_RECOVERY_EVENTS.name, GPU_LEGEND + " recovery events"),
+        (cat.NVLINK_SYMBOL_ERRORS.name, GPU_LEGEND + " symbol"),
+        (cat.NVLINK_EFFECTIVE_ERRORS.name, GPU_LEGEND + " effective"),
         wrap=increase,
     )
     gpu_panel(
