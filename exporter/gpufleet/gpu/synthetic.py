@@ -81,9 +81,12 @@ class SyntheticNvml(FakeNvml):
     def _moving_fields(fields: dict[str, Any], elapsed: float, load: float) -> dict[str, Any]:
         moved = dict(fields)
         for key, entry in fields.items():
-            if key.startswith(("140@", "141@")):
-                # ~25 GB/s per link per direction while training, in KiB.
-                moved[key] = {**entry, "value": int(entry["value"] + 24e6 * elapsed * 0.97)}
+            if key.startswith(("138@", "139@")):
+                # data over all 18 links, ~12 GB/s per link and direction while training, in KiB
+                moved[key] = {**entry, "value": int(entry["value"] + 18 * 12e6 * elapsed * 0.97)}
+            elif key == "74":
+                # held at the power cap ~0.2% of the time, in ns
+                moved[key] = {**entry, "value": int(entry["value"] + 2e6 * elapsed)}
             elif key == "82":
                 moved[key] = {**entry, "value": int(entry["value"] - 8 + 10 * load)}
         return moved
