@@ -9,6 +9,7 @@ no field for lives under the ``gpufleet_`` prefix.
 
 from __future__ import annotations
 
+from gpufleet.gpu.xid_catalogue import DCGM_MESSAGES, UNKNOWN_MESSAGE
 from gpufleet.schema.family import MetricDef
 
 # dcgm-exporter's identifying label set, in its order. Every released dcgm-exporter
@@ -281,31 +282,10 @@ XID_LAST_TIMESTAMP = _g(
     "gpufleet_gpu_last_xid_timestamp_seconds", "Unix time of the last XID error on this GPU."
 )
 
-# dcgm-exporter's err_msg label on DCGM_FI_DEV_XID_ERRORS (NVIDIA's XID catalogue text),
-# for the codes gpufleet's rules know; any other code reads "Unknown Error" here.
-XID_MESSAGES = {
-    0: "No Error",
-    13: "Graphics Engine Exception",
-    31: "GPU memory page fault",
-    43: "GPU stopped processing",
-    45: "Preemptive cleanup, due to previous errors -- Most likely to see when running "
-    "multiple cuda",
-    48: "Double Bit ECC Error",
-    61: "Internal micro-controller breakpoint/warning",
-    62: "Internal micro-controller halt",
-    63: "ECC page retirement or row remapping recording event",
-    64: "ECC page retirement or row remapper recording failure",
-    74: "NVLINK Error",
-    79: "GPU has fallen off the bus",
-    92: "High single-bit ECC error rate",
-    94: "Contained ECC error",
-    95: "Uncontained ECC error",
-    119: "GSP RPC Timeout",
-    120: "GSP Error",
-    140: "Unrecovered ECC Error",
-    154: "GPU Recovery Action Changed",
-}
-XID_UNKNOWN_MESSAGE = "Unknown Error"
+# dcgm-exporter's err_msg label on DCGM_FI_DEV_XID_ERRORS, from the XID table
+# (gpu/xid_catalogue.py): its text for codes 0-172, "Unknown Error" for any other.
+XID_MESSAGES = DCGM_MESSAGES
+XID_UNKNOWN_MESSAGE = UNKNOWN_MESSAGE
 
 # Every family the agent's GPU part exposes, for the schema's index.
 GPU_FAMILIES: tuple[GpuMetric, ...] = (
