@@ -14,36 +14,57 @@ from typing import Any
 import pytest
 
 from gpufleet.agent.app import Agent, AgentSettings
-from gpufleet.devstack import free_port, wait_until
+from gpufleet.devstack import ManagedProcess, wait_until
 
 pytest.importorskip("torch")
 
-pytestmark = [
-    pytest.mark.integration,
-    # Intermittent: in about one run of three here the restarted attempt's ranks never
-    # meet (a gloo connectFullMesh refused, or torchrun waiting past 120 s), idle or
-    # loaded alike; skipped until that is understood, so that it cannot turn CI red.
-    pytest.mark.skip(reason="the restarted attempt's gloo set-up hangs intermittently"),
-]
+pytestmark = pytest.mark.integration
 
 STEPS = 5  # per rank on the attempt that completes
 CRASH_AT = 3  # rank 1 raises before this step on attempt 0; steps 0..2 were reported
+# Idle, torchrun takes about 5 s here. The bound is for a process group that never forms:
+# gloo waiting for a peer to connect heeds no timeout of the worker's.
+TORCHRUN_TIMEOUT_S = 90
+LOG_LINES = 80
 
 # Each rank reports to the agent named on its command line; the job id and the attempt
 # come from what torchrun sets (TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT).
+#
+# The process group meets in the agent's store under a prefix per attempt, not through
+# the plain init_process_group("gloo"). torchrun's c10d rendezvous hands its workers a
+# TCPStore that the agent hosts (MASTER_ADDR/MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE)
+# and keeps for the whole run: after a restart it still holds the gloo addresses the
+# crashed attempt's ranks published (default_pg/0//cpu//0/<rank>). A restarted rank that
+# reads its peer's key before the peer rewrites it connects to a dead process (gloo
+# connectFullMesh: connection refused) or, when both ranks read stale keys, both wait to
+# be connected to and the group never forms (torchrun past its timeout). A prefix per
+# attempt gives each attempt keys of its own; one node restarts all its ranks together,
+# so they agree on TORCHELASTIC_RESTART_COUNT.
 WORKER = textwrap.dedent(
     f"""
     import os
     import sys
+    from datetime import timedelta
 
     import torch
     import torch.distributed as dist
 
     from gpufleet.client import Reporter
 
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
     attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    assert os.environ["TORCHELASTIC_USE_AGENT_STORE"] == "True"
+    timeout = timedelta(seconds=30)
+    agent_store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout
+    )
+    dist.init_process_group(
+        "gloo",
+        store=dist.PrefixStore(f"attempt-{{attempt}}", agent_store),
+        rank=int(os.environ["RANK"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
+        timeout=timeout,
+    )
+    rank = dist.get_rank()
     reporter = Reporter(sys.argv[1])
     for step in range({STEPS}):
         if attempt == 0 and rank == 1 and step == {CRASH_AT}:
@@ -81,9 +102,15 @@ def test_a_job_torchrun_restarts_counts_both_attempts_under_one_training_job(
         for name, value in os.environ.items()
         if not name.startswith(("GPUFLEET_", "SLURM_", "TORCHELASTIC_"))
     }
+    env.update(
+        OMP_NUM_THREADS="1",
+        GLOO_SOCKET_IFNAME="lo",  # gloo on the loopback, whatever the host name resolves to
+        PYTHONUNBUFFERED="1",
+    )
     run_id = "restart-job-1"
-    # An explicit c10d rendezvous on a free port, not --standalone: --standalone replaces
-    # --rdzv-id with a random one, and the test needs the job id it chose.
+    # An explicit c10d rendezvous, not --standalone: --standalone replaces --rdzv-id with a
+    # random one, and the test needs the job id it chose. Port 0 with is_host: the agent
+    # binds a port of the kernel's choosing, which no other process can take first.
     command = [
         sys.executable,
         "-m",
@@ -92,16 +119,27 @@ def test_a_job_torchrun_restarts_counts_both_attempts_under_one_training_job(
         "--nproc-per-node=2",
         "--max-restarts=1",
         "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+        "--rdzv-endpoint=127.0.0.1:0",
+        "--rdzv-conf=is_host=1",
+        "--local-addr=127.0.0.1",
         f"--rdzv-id={run_id}",
         str(script),
         url,
     ]
-    finished = subprocess.run(
-        command, check=False, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
-    )
-    assert finished.returncode == 0, finished.stderr[-4000:]
-    assert "rank 1 fails on the first attempt" in finished.stderr  # attempt 0 did crash
+    torchrun = ManagedProcess(command, tmp_path / "torchrun.log", env=env)
+    torchrun.start()
+    assert torchrun.process is not None
+    try:
+        returncode = torchrun.process.wait(TORCHRUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(
+            f"torchrun still running after {TORCHRUN_TIMEOUT_S} s:\n{torchrun.log_tail(LOG_LINES)}"
+        )
+    finally:
+        torchrun.stop()
+    assert returncode == 0, torchrun.log_tail(LOG_LINES)
+    # attempt 0 did crash
+    assert "rank 1 fails on the first attempt" in torchrun.log_path.read_text(errors="replace")
 
     labels = {"training_job": run_id, "node": "node-r", "pp_stage": "0"}
     expected = 2 * CRASH_AT + 2 * STEPS  # attempt 0's steps on both ranks, then attempt 1's
