@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpufleet.gpu import catalogue as cat
 from gpufleet.gpu.dcgm_shape import CountersError, DcgmNode, Pod, parse_counters, render
+from gpufleet.schema.external import DCGM_EXPORTER_ONLY
 
 ROOT = Path(__file__).resolve().parents[1]
 RECOMMENDED = ROOT / "deploy" / "dcgm-exporter" / "gpufleet-counters.csv"
@@ -72,3 +74,15 @@ def test_a_malformed_counters_line_names_its_line() -> None:
         parse_counters("# c\nDCGM_FI_DEV_GPU_TEMP, histogram, t\n", "x.csv")
     with pytest.raises(CountersError, match=r"x\.csv:1: expected 'FIELD, type, help'"):
         parse_counters("DCGM_FI_DEV_GPU_TEMP gauge\n", "x.csv")
+
+
+def test_the_recommended_file_declares_each_field_as_gpufleet_s_schema_does() -> None:
+    """dcgm-exporter serves each field under the type its counters file gives: gpufleet's
+    file must give the schema's (DCGM_EXP_XID_ERRORS_COUNT a gauge: a count over a sliding
+    window falls as XIDs age out; NVLINK_BANDWIDTH_TOTAL a gauge: DCGM's rate)."""
+    schema = {metric.name: metric for metric in (*cat.GPU_FAMILIES, *DCGM_EXPORTER_ONLY)}
+    for counter in parse_counters(RECOMMENDED.read_text()):
+        if counter.kind == "label":
+            continue
+        assert counter.name in schema, counter.name
+        assert counter.kind == schema[counter.name].kind, counter.name

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from gpufleet.exposition import escape_label_value
 from gpufleet.gpu import catalogue as cat
+from gpufleet.gpu.xid_catalogue import DCGM_MESSAGES, UNKNOWN_MESSAGE
 from gpufleet.schema.external import XID_ERRORS_COUNT
 
 LABEL_KIND = "label"
@@ -34,19 +35,6 @@ XID_COUNT = XID_ERRORS_COUNT.name
 XID_LAST = cat.XID_LAST.name
 THROTTLE_NAMES = (cat.CLOCK_THROTTLE_REASONS.name, cat.CLOCKS_EVENT_REASONS.name)
 XID_WINDOW_MS = 300_000  # dcgm-exporter's default --xid-count-window-size
-
-# The few XID texts the tests meet, as dcgm-exporter's table has them
-# (internal/pkg/collector/xid_errors.go; it carries NVIDIA's whole table).
-XID_TEXT = {
-    0: "No Error",
-    13: "Graphics Engine Exception",
-    31: "GPU memory page fault",
-    48: "Double Bit ECC Error",
-    74: "NVLINK Error",
-    79: "GPU has fallen off the bus",
-    94: "Contained ECC error",
-    95: "Uncontained ECC error",
-}
 
 # What a healthy H100 under training load reads; any other field reads 0.
 HEALTHY_VALUES = {
@@ -192,7 +180,7 @@ def render(node: DcgmNode, counters: list[Counter], node_label: str = "Hostname"
 def _samples(name: str, gpu: DcgmGpu) -> list[tuple[dict[str, str], float]]:
     if name == XID_LAST:
         code = gpu.last_xid
-        text = XID_TEXT.get(code, "Unknown Error")
+        text = DCGM_MESSAGES.get(code, UNKNOWN_MESSAGE)  # dcgm-exporter's xid_errors.go
         return [({"err_code": str(code), "err_msg": text}, float(code))]
     if name == XID_COUNT:
         window = {"window_size_in_ms": str(XID_WINDOW_MS)}
