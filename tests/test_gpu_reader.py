@@ -339,3 +339,16 @@ def test_on_blackwell_the_nvlink5_counters_replace_the_pre_blackwell_ones() -> N
     assert gpu6[cat.NVLINK_RECOVERY_FAILED.name] == 0
     assert snapshot.gpus[0].values[cat.NVLINK_SYMBOL_ERRORS.name] == 1843
     assert reader.errors.snapshot() == {}
+
+
+def test_an_all_links_field_whose_scope_is_rejected_is_unsupported_not_an_error(
+    fake_nvml: FakeNvml,
+) -> None:
+    rejected = {"nvml_error": "NVML_ERROR_INVALID_ARGUMENT"}
+    fake_nvml.set_value(0, "nvmlDeviceGetFieldValues", rejected, f"213@{ALL_LINKS}")
+    fake_nvml.set_value(1, "nvmlDeviceGetFieldValues", rejected, "82")
+    reader = open_reader(fake_nvml)
+    reader.read()
+    assert reader.read().unsupported[cat.NVLINK_RECOVERY_SUCCESSFUL.name] == 8
+    # the same error for a whole-GPU field is a failure, counted each cycle
+    assert reader.errors.snapshot() == {("gpu", "nvmlDeviceGetFieldValues"): 2}

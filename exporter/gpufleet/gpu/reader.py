@@ -25,6 +25,7 @@ NvmlApi = Any
 
 # Errors that mean the GPU itself is gone or unusable until reset.
 _GPU_DOWN_ERRORS = frozenset({15, 16, 28})  # GPU_IS_LOST, RESET_REQUIRED, GPU_NOT_FOUND
+_INVALID_ARGUMENT = 2
 _NOT_SUPPORTED = 3
 _MIG_MODE_UNKNOWN = -1
 _FUNCTION_NOT_FOUND = 13
@@ -106,7 +107,7 @@ class _GpuState:
     # when each mode-dependent probe was found unsupported (monotonic seconds)
     refused_at: dict[str, float] = field(default_factory=dict)
     mig_mode: int | None = _MIG_MODE_UNKNOWN  # None: the GPU has no MIG mode
-    nvlink_data: tuple[int, float] | None = None  # (TX + RX KiB, timestamp in us)
+    nvlink_data: tuple[int, int] | None = None  # (TX + RX KiB, timestamp in us)
     gpm_supported: bool | None = None
     gpm_unsupported_ids: set[int] = field(default_factory=set)
     gpm_previous: Any = None
@@ -133,10 +134,14 @@ _FIELD_METRICS: tuple[tuple[_FieldKey, cat.GpuMetric], ...] = (
 # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX / _RX: KiB of data (no protocol) since boot.
 _FI_NVLINK_DATA = ((138, _ALL_LINKS), (139, _ALL_LINKS))
 # NVML_FI_DEV_PERF_POLICY_POWER / _THERMAL: time held back by the policy, in ns. DCGM
-# reads DCGM_FI_DEV_POWER_VIOLATION / _THERMAL_VIOLATION from them unconverted.
+# reads DCGM_FI_DEV_POWER_VIOLATION / _THERMAL_VIOLATION from them unconverted
+# (dcgm_fields.cpp); nvmlDeviceGetViolationStatus is the fallback (see _violation).
 _FI_POWER_VIOLATION = 74
 _FI_THERMAL_VIOLATION = 75
-_VIOLATION_FIELDS = (_FI_POWER_VIOLATION, _FI_THERMAL_VIOLATION)
+_VIOLATION_FIELDS: tuple[tuple[int, cat.GpuMetric], ...] = (
+    (_FI_POWER_VIOLATION, cat.POWER_VIOLATION),
+    (_FI_THERMAL_VIOLATION, cat.THERMAL_VIOLATION),
+)
 
 # GPM metric IDs (percent) for the DCGM profiling fields (ratios).
 _GPM_METRICS: tuple[tuple[int, cat.GpuMetric], ...] = (
@@ -446,7 +451,12 @@ class NvmlReader:
                 result[requested] = getattr(entry.value, attr)
                 if stamps is not None:
                     stamps[requested] = int(entry.timestamp)
-            elif ret in (_NOT_SUPPORTED, _FUNCTION_NOT_FOUND):
+            elif ret in (_NOT_SUPPORTED, _FUNCTION_NOT_FOUND) or (
+                # a GPU or driver without the all-links aggregate may reject the scope itself
+                ret == _INVALID_ARGUMENT
+                and isinstance(requested, tuple)
+                and requested[1] == _ALL_LINKS
+            ):
                 result[requested] = None
             elif ret in _GPU_DOWN_ERRORS:
                 raise _GpuDown
@@ -636,7 +646,7 @@ class NvmlReader:
             key
             for key in (
                 *(key for key, _ in _FIELD_METRICS),
-                *_VIOLATION_FIELDS,
+                *(key for key, _ in _VIOLATION_FIELDS),
                 *_FI_NVLINK_DATA,
             )
             if key not in unsupported
@@ -654,10 +664,7 @@ class NvmlReader:
                 values[metric.name] = float(value)
             elif key in unsupported:
                 state.unsupported_fields.add(metric.name)
-        for key, metric in (
-            (_FI_POWER_VIOLATION, cat.POWER_VIOLATION),
-            (_FI_THERMAL_VIOLATION, cat.THERMAL_VIOLATION),
-        ):
+        for key, metric in _VIOLATION_FIELDS:
             value = result.get(key)
             if value is not None:
                 values[metric.name] = float(value)  # ns, as DCGM publishes it
