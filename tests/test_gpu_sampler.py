@@ -104,3 +104,22 @@ def test_isolated_registry_per_agent(fake_nvml: FakeNvml) -> None:
     from prometheus_client import REGISTRY
 
     assert agent.registry is not REGISTRY
+
+
+def test_remap_series_return_to_metrics_when_mig_ends_without_an_agent_restart(
+    fake_nvml: FakeNvml,
+) -> None:
+    fake_nvml.set_mig_mode(5, True)  # NVML refuses the remapped-rows query under MIG
+    agent = make_agent(fake_nvml, gpu_interval=0.2)
+    agent.start()
+    try:
+        assert agent.sampler is not None and agent.sampler.wait_first(5)
+        # a bare DCGM counter's samples, as prometheus-client's parser names them
+        remaps = "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS_total"
+        assert "5" not in values(agent, remaps)  # omitted, never 0
+        assert len(values(agent, remaps)) == 7
+        fake_nvml.set_mig_mode(5, False)
+        wait_until(lambda: "5" in values(agent, remaps), 10, what="GPU 5's remaps back")
+        assert values(agent, remaps)["5"] == 2  # the fixture's two remapped rows
+    finally:
+        agent.stop()
