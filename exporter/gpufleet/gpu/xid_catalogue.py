@@ -397,31 +397,19 @@ class RecoveryAction:
     value: int
     nvml: str
     action: str
-    critical: bool  # DCGM's health check fails the GPU (critical) or warns (warning)
+    urgency: str  # critical where DCGM's health check fails the GPU, warning where it warns
 
 
-# NONE (0) asks for nothing. DCGM fails the GPU on 1, 2 and 4 and warns on 3; it
-# ignores 5, which gpufleet pages as critical: the GPU's NVLink domain is unusable
-# until it is recovered. A value gpufleet does not know warns (GpuFleetGpuRecoveryWarning).
+# NONE (0) asks for nothing (urgency none: no alert). DCGM fails the GPU on 1, 2 and
+# 4 and warns on 3; it ignores 5, which gpufleet pages as critical: the GPU's NVLink
+# domain is unusable until it is recovered. A value gpufleet does not know warns (GpuFleetGpuRecoveryWarning).
+# fmt: off
 RECOVERY_ACTIONS: tuple[RecoveryAction, ...] = (
-    RecoveryAction(1, "GPU_RESET", "drain the node and reset the GPU", True),
-    RecoveryAction(2, "NODE_REBOOT", "drain the node and reboot it", True),
-    RecoveryAction(
-        3,
-        "DRAIN_P2P",
-        "drain peer-to-peer (NVLink) traffic from the GPU: no new multi-GPU work on it",
-        False,
-    ),
-    RecoveryAction(
-        4,
-        "DRAIN_AND_RESET",
-        "drain peer-to-peer traffic, then drain the node and reset the GPU",
-        True,
-    ),
-    RecoveryAction(
-        5,
-        "RECOVER_IMEX_DOMAIN",
-        "recover the IMEX (multi-node NVLink) domain the GPU belongs to",
-        True,
-    ),
+    RecoveryAction(0, "NONE", "nothing to do", "none"),
+    RecoveryAction(1, "GPU_RESET", "drain the node and reset the GPU", "critical"),
+    RecoveryAction(2, "NODE_REBOOT", "drain the node and reboot it", "critical"),
+    RecoveryAction(3, "DRAIN_P2P", "drain peer-to-peer (NVLink) traffic from the GPU: no new multi-GPU work on it", "warning"),
+    RecoveryAction(4, "DRAIN_AND_RESET", "drain peer-to-peer traffic, then drain the node and reset the GPU", "critical"),
+    RecoveryAction(5, "RECOVER_IMEX_DOMAIN", "recover the IMEX (multi-node NVLink) domain the GPU belongs to", "critical"),
 )
+# fmt: on

@@ -12,7 +12,7 @@ from gpufleet.rules.common import Alert, RuleFile
 from gpufleet.rules.config import ConfigError, RulesConfig
 from gpufleet.rules.dashboard_support import dashboard_support_group
 from gpufleet.rules.fail_slow import training_alerts, training_recording
-from gpufleet.rules.gpu import gpu_alerts, gpu_recording, xid_catalogue_group
+from gpufleet.rules.gpu import gpu_alerts, gpu_counters, gpu_recording, xid_catalogue_group
 from gpufleet.rules.health import health_recording
 from gpufleet.rules.node import node_alerts
 from gpufleet.rules.reliability import reliability_groups
@@ -30,7 +30,15 @@ def rule_files(config: RulesConfig | None = None) -> list[RuleFile]:
     not exist raises ConfigError naming it."""
     config = config or RulesConfig()
     files = [
-        RuleFile("gpu", [xid_catalogue_group(), gpu_recording(config), gpu_alerts(config)]),
+        RuleFile(
+            "gpu",
+            [
+                xid_catalogue_group(),
+                gpu_counters(config),
+                gpu_recording(config),
+                gpu_alerts(config),
+            ],
+        ),
         RuleFile("node", [health_recording(config), node_alerts(config)]),
         RuleFile("training", [*training_recording(config), training_alerts(config)]),
         RuleFile("checkpoint", checkpoint_groups(config)),

@@ -121,17 +121,16 @@ def per_gpu(expr: str, labels: Sequence[str] = NODE_LABELS) -> str:
 
 
 def risen(series: str, window: str) -> str:
-    """How much a counter rose within ``window``: robust to young series and resets."""
-    return f"({series} - min_over_time({series}[{window}]))"
+    """How much a counter rose within ``window``, a drop taken as a reset as increase()
+    does (the value after it counts from zero). Floored: increase() extrapolates to the
+    window's edges, never below the samples' own rise, so the floor is at least that."""
+    return f"floor(increase({series}[{window}]))"
 
 
 def new_in(series: str, window: str) -> str:
-    """Increments of a counter that may appear (first event) or reset (agent restart)."""
-    return (
-        f"(({series} - {series} offset {window}) > 0)\n"
-        f"  or ({series} unless {series} offset {window})\n"
-        f"  or ({series} < {series} offset {window})"
-    )
+    """Events of a counter within ``window``: all of a series that appeared in it (its
+    first event), else its rise, resets included (an agent restarted in the window)."""
+    return f"({series} > 0 unless {series} offset {window})\n  or ({risen(series, window)} > 0)"
 
 
 # Reused templates.

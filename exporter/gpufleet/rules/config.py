@@ -15,54 +15,13 @@ from typing import Any
 
 import yaml
 
+from gpufleet.gpu.xid_catalogue import CATALOGUE, XidEntry
 
-@dataclass(frozen=True, slots=True)
-class XidCode:
-    code: int
-    klass: str  # act_now (critical), maintenance (warning) or application (info, job level)
-    meaning: str
-    action: str
-
-
-# After NVIDIA's XID catalogue (docs.nvidia.com/deploy/xid-errors).
-XID_CATALOGUE: tuple[XidCode, ...] = (
-    XidCode(48, "act_now", "double-bit ECC error",
-            "drain the node, reset the GPU so the row is remapped; RMA if it repeats"),
-    XidCode(62, "act_now", "internal micro-controller halt",
-            "drain the node and reset the GPU or reboot; RMA if it repeats"),
-    XidCode(64, "act_now", "row remapping failed",
-            "drain the node and RMA the GPU: it has no spare rows left"),
-    XidCode(74, "act_now", "NVLink error",
-            "drain the node, check nvidia-smi nvlink -e, reset the GPU; RMA if it persists"),
-    XidCode(79, "act_now", "GPU has fallen off the bus",
-            "drain the node and reboot it; check PCIe seating and power; RMA if it recurs"),
-    XidCode(95, "act_now", "uncontained ECC error",
-            "drain the node and reset the GPU now: every process on it is affected"),
-    XidCode(119, "act_now", "GSP RPC timeout",
-            "drain the node and reset the GPU or reboot; update driver and firmware if it recurs"),
-    XidCode(120, "act_now", "GSP error",
-            "drain the node and reset the GPU or reboot; update driver and firmware if it recurs"),
-    XidCode(140, "act_now", "unrecovered ECC error",
-            "drain the node and reset the GPU; RMA if it repeats"),
-    XidCode(154, "act_now", "GPU recovery action changed",
-            "do what gpufleet_gpu_recovery_action asks: reset the GPU or reboot the node"),
-    XidCode(61, "maintenance", "internal micro-controller warning",
-            "watch for XID 62 on the same GPU; reset it at the next drain"),
-    XidCode(63, "maintenance", "row remapping event recorded",
-            "reset the GPU at the next drain so the remap takes effect"),
-    XidCode(92, "maintenance", "high single-bit ECC error rate",
-            "schedule a GPU reset; replace the GPU if the rate keeps rising"),
-    XidCode(94, "maintenance", "contained ECC error",
-            "the affected process was killed; reset the GPU at the next drain"),
-    XidCode(13, "application", "graphics engine exception",
-            "usually the application (illegal access, bad kernel): check the job's logs"),
-    XidCode(31, "application", "GPU memory page fault",
-            "usually the application (illegal address): check the job's logs"),
-    XidCode(43, "application", "GPU stopped processing",
-            "usually the application was killed or hung: check the job's logs"),
-    XidCode(45, "application", "preemptive cleanup after previous errors",
-            "look for the XID that preceded it on the same GPU"),
-)  # fmt: skip
+# The XID catalogue the rules read: every code NVIDIA's catalogue documents (codes
+# 1-172, as of 2025-10-29) with gpufleet's class, NVIDIA's description and what to do
+# (gpu/xid_catalogue.py derives them from NVIDIA's resolution buckets).
+XidCode = XidEntry
+XID_CATALOGUE: tuple[XidEntry, ...] = CATALOGUE
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,17 +61,25 @@ class RulesConfig:
     # once a minute they cost a quarter, and what reads them every 15 s sees the last one.
     slow_recording_interval: str = "1m"
     # -- GPU hardware ---------------------------------------------------------------------
+    # (alerts/RUNBOOK.md, "how it decides", says why each threshold is what it is)
     xid_window: str = "10m"
     ecc_window: str = "10m"
     remap_pending_for: str = "5m"
     remaps_climbing_window: str = "6h"
-    remaps_climbing_min: int = 3
+    remaps_climbing_min: int = 3  # gpufleet's heuristic: NVIDIA sets no threshold
+    # NVLink, after DCGM's health check (MonitorNVLink): any replay or recovery error
+    # fails a GPU; CRC errors only at 100 a second or more; on NVLink5 (Blackwell) any
+    # rise of its recovery, symbol, effective or ECC error counters fails it.
     nvlink_window: str = "10m"
     nvlink_recovery_min: int = 1
-    nvlink_replay_min: int = 20
-    nvlink_crc_min: int = 100
-    pcie_window: str = "1h"
-    pcie_replays_min: int = 10
+    nvlink_replay_min: int = 1
+    nvlink_crc_per_second: float = 100.0
+    nvlink5_errors_min: int = 1
+    # PCIe replays, after DCGM's health check (MonitorPcie): it warns above BER 1e-12 x
+    # line rate x lanes a minute, 31 on a Gen5 x16 link; gpufleet has no link width or
+    # generation per GPU, so it takes Gen5 x16's budget over the window: above 310 in 10m.
+    pcie_window: str = "10m"
+    pcie_replays_min: int = 311
     hw_slowdown_for: str = "2m"
     gpu_lost_for: str = "1m"
     gpu_missing_for: str = "2m"
@@ -129,13 +96,16 @@ class RulesConfig:
     health_for: str = "10m"
     # the weak signals: each a count within its window, or a share of time
     health_remaps_min: int = 1  # correctable remaps within remaps_climbing_window
-    health_pcie_replays_min: int = 2  # within pcie_window
+    health_pcie_window: str = "1h"
+    health_pcie_replays_min: int = 2  # within health_pcie_window
     health_nvlink_window: str = "30m"
     health_nvlink_replays_min: int = 1
     health_sbe_window: str = "1h"
     health_sbe_min: int = 100  # single-bit ECC errors
     health_throttle_window: str = "15m"
-    health_throttle_share: float = 0.5  # of the window in a software slowdown
+    # of the window in a software thermal slowdown; sw_power_cap is not a sign: a GPU
+    # training at its power limit is capped by design
+    health_throttle_share: float = 0.5
     health_slow_ratio: float = 1.05  # compute time against the stage median
 
     # -- fail-slow -----------------------------------------------------------------------------

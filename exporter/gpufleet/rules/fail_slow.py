@@ -765,13 +765,13 @@ def training_alerts(config: RulesConfig) -> Group:
         # see every node of the job (docs/SCALING.md).
         Alert(
             "GpuFleetApplicationXid",
-            f"count by (training_job, xid) (\n"
-            f'  max by (node, xid) ({GpuSeries.of(config).xid_new} * on (xid) group_left {XID_INFO}{{class="application"}})\n'
+            f"count by (training_job, xid, action) (\n"
+            f'  max by (node, xid, action) ({GpuSeries.of(config).xid_new} * on (xid) group_left (action) {XID_INFO}{{class="application"}})\n'
             f"  * on (node) group_left (training_job) max by (node, training_job) (gpufleet_training_ranks)\n)",
             "info",
-            "GPUs of a training job reported XIDs that usually come from the application.",
+            "GPUs of a training job reported XIDs that NVIDIA answers by restarting the application.",
             "{{ $value }} node(s) of job {{ $labels.training_job }} reported XID {{ $labels.xid }} "
-            f"in {config.xid_window}: usually the application, not the hardware. Check the job's logs.",
+            f"in {config.xid_window}: the application's, not the node's. Action: {{{{ $labels.action }}}}.",
         ),
     ]
     return Group("gpufleet-training-alerts", rules)

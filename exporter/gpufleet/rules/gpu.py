@@ -5,6 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpufleet.gpu.xid_catalogue import (
+    CATALOGUE_SOURCE,
+    RECOVERY_ACTIONS,
+    UNCLASSIFIED_ACTION,
+    XidClass,
+)
 from gpufleet.rules.common import (
     GPU,
     GPU_WHO,
@@ -20,48 +26,103 @@ from gpufleet.rules.common import (
     with_node,
 )
 from gpufleet.rules.config import XID_CATALOGUE, RulesConfig
+from gpufleet.rules.inline import duration_seconds
 
-# One series per XID code, labelled with its class, meaning and action.
+# The catalogue: one series per catalogued code, labelled with its class, NVIDIA's
+# description (meaning) and what to do (action). Codes of no class (NVIDIA's "Unused",
+# and any code the catalogue does not hold) have none: GpuFleetUnclassifiedXid.
 XID_INFO = "gpufleet:xid_catalogue:info"
+# NVML's recovery actions: one series per value, labelled with NVML's name and the
+# action in words; `urgency` says which alert pages for it.
+RECOVERY_INFO = "gpufleet:gpu_recovery_action:info"
+CLASSES_WITH_INFO = tuple(klass for klass in XidClass if klass is not XidClass.UNCLASSIFIED)
+
+
+def _quoted(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _constant_series(labels: dict[str, str]) -> str:
+    """vector(1) carrying ``labels``: one series of an info record."""
+    expr = "vector(1)"
+    for name, value in labels.items():
+        expr = f'label_replace({expr}, "{name}", "{_quoted(value)}", "", "")'
+    return expr
+
+
+def _info_record(name: str, static: dict[str, str], series: list[dict[str, str]]) -> Record:
+    """One record holding several constant series: one rule, not one per series."""
+    return Record(name, "\nor ".join(_constant_series(labels) for labels in series), static)
 
 
 def xid_catalogue_group() -> Group:
+    """The catalogue's info series: one record per class, holding a series per code
+    (five rules for 108 codes), and one per urgency for NVML's recovery actions."""
     rules: list[Record | Alert] = [
-        Record(
+        _info_record(
             XID_INFO,
-            "vector(1)",
-            {
-                "xid": str(code.code),
-                "class": code.klass,
-                "meaning": code.meaning,
-                "action": code.action,
-            },
+            {"class": str(klass)},
+            [
+                {"xid": str(code.code), "meaning": code.meaning, "action": code.action}
+                for code in XID_CATALOGUE
+                if code.klass is klass
+            ],
         )
-        for code in XID_CATALOGUE
+        for klass in CLASSES_WITH_INFO
     ]
+    for urgency in ("critical", "warning", "none"):
+        rules.append(
+            _info_record(
+                RECOVERY_INFO,
+                {"urgency": urgency},
+                [
+                    {"recovery_action": str(item.value), "nvml": item.nvml, "action": item.action}
+                    for item in RECOVERY_ACTIONS
+                    if item.urgency == urgency
+                ],
+            )
+        )
     return Group("gpufleet-xid-catalogue", rules)
 
 
 # Per-GPU counters whose rise over a window the alerts and the health signals read.
 # Each is scanned once per cycle here (the costly part: a 6 h window over every GPU)
 # and kept only where it rose, so what reads it works on a handful of series.
+NVLINK_COUNTERS = ("RECOVERY", "REPLAY", "CRC_FLIT", "CRC_DATA")  # NVLink 4 and earlier
+# NVLink5 (Blackwell; ECC from Hopper): DCGM's fields, as dcgm-exporter names them.
+NVLINK5_COUNTERS = (
+    "DCGM_FI_DEV_NVLINK_RECOVERY_FAILED_TOTAL",
+    "DCGM_FI_DEV_NVLINK_RECOVERY_EVENT_TOTAL",
+    "DCGM_FI_DEV_NVLINK_RX_SYMBOL_ERROR_TOTAL",
+    "DCGM_FI_DEV_NVLINK_EFFECTIVE_ERROR_TOTAL",
+    "DCGM_FI_DEV_NVLINK_ECC_ERROR_TOTAL",
+)
 RISEN: tuple[tuple[str, str], ...] = (
     ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "remaps_climbing_window"),
     ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "pcie_window"),
+    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "health_pcie_window"),
     ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "health_sbe_window"),
     ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "ecc_window"),
     # In dcgm-exporter's stock counters (DBE ECC is not): rises with every uncorrectable error
     ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "ecc_window"),
     ("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "health_nvlink_window"),
-    ("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "nvlink_window"),
-    ("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "nvlink_window"),
-    ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "nvlink_window"),
-    ("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", "nvlink_window"),
+    *(
+        (f"DCGM_FI_DEV_NVLINK_{name}_ERROR_COUNT_TOTAL", "nvlink_window")
+        for name in NVLINK_COUNTERS
+    ),
+    *((name, "nvlink_window") for name in NVLINK5_COUNTERS),
 )
 THROTTLE_BITS = (
     ("hw_power_brake_slowdown", 128),
     ("hw_thermal_slowdown", 64),
     ("hw_slowdown", 8),
+)
+# NVML's recovery action: gpufleet's agent, and DCGM's field 1523 as dcgm-exporter
+# names it (DCGM_FI_DEV_GPU_RECOVERY_ACTION; DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION before).
+RECOVERY_ACTION_METRICS = (
+    "gpufleet_gpu_recovery_action",
+    "DCGM_FI_DEV_GPU_RECOVERY_ACTION",
+    "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION",
 )
 
 
@@ -90,6 +151,8 @@ class GpuSeries(SeriesNames):
     # within gpus_expected_memory (what the node should have: 4 on a 4-GPU node)
     dcgm_gpus: str = "node:gpufleet_dcgm_gpus:count"
     dcgm_gpus_max: str = "node:gpufleet_dcgm_gpus:max{gpus_expected_memory}"
+    # per GPU that reports one, NVML's recovery action as a label (value 1), NONE included
+    recovery_action: str = "gpu:gpufleet_gpu_recovery_action:current"
 
 
 # dcgm-exporter 4.x names the clock-event bitmask ..._CLOCKS_EVENT_REASONS; older ones,
@@ -106,12 +169,6 @@ def gpu_recording(config: RulesConfig) -> Group:
     agent_gpus = metric("gpufleet_gpu_up", sel)
     series = GpuSeries.of(config)
     changed = series.xid_changed
-    # dcgm-exporter keeps only the last XID: a value that changed within the window is
-    # a new XID. Point lookups, not a range scan; GPUs with gpufleet's agent skip this.
-    dcgm_paths = "\n  or ".join(
-        f'label_replace(({changed} == {code.code}) / {code.code}, "xid", "{code.code}", "", "")'
-        for code in XID_CATALOGUE
-    )
     # dcgm-exporter's opt-in DCGM_EXP_XID_ERRORS_COUNT{xid}: XIDs per code within its own
     # window (5 min by default); only XIDs that happened recently, even on a first scrape.
     xid_counts = metric("DCGM_EXP_XID_ERRORS_COUNT", sel, 'xid!=""')
@@ -127,6 +184,7 @@ def gpu_recording(config: RulesConfig) -> Group:
     )
     presence = metric(config.gpu_presence_metric, sel)
     dcgm_count, dcgm_max = series.dcgm_gpus, series.dcgm_gpus_max
+    recovery = " or ".join(metric(name, sel) for name in RECOVERY_ACTION_METRICS)
     rules: list[Record | Alert] = [
         Record(dcgm_reasons, f"({bitmasks}) > 0 unless on (UUID) {agent_gpus}"),
         # A new XID is a last value that changed within the window, per GPU (UUID), never
@@ -139,10 +197,13 @@ def gpu_recording(config: RulesConfig) -> Group:
             f"  and on (UUID) (\n    max by (UUID) (max_over_time({last}[{window}]))\n"
             f"    != on (UUID) min by (UUID) (min_over_time({last}[{window}]))\n  )",
         ),
+        # Per GPU and code: the agent's counters, rises and resets as increase() sees
+        # them; dcgm-exporter's changed last value, made the xid label by count_values
+        # (one rule for every code); its opt-in per-code count.
         Record(
             series.xid_new,
             f"max by ({GPU}, xid) (\n  {with_node(new_in(counter, window), node_labels)}\n)\nor\n"
-            f"max by ({GPU}, xid) (\n  {dcgm_paths}\n)\nor\n"
+            f'count_values by ({GPU}) ("xid", {changed})\nor\n'
             f"max by ({GPU}, xid) (\n  {with_node(f'({xid_counts} > 0 unless on (UUID) {agent_gpus})', node_labels)}\n)",
         ),
         Record(
@@ -154,16 +215,37 @@ def gpu_recording(config: RulesConfig) -> Group:
             f"count by (node) (\n  max by (node, UUID) ({with_node(f'{presence} unless on (UUID) {agent_gpus}', node_labels)})\n)",
         ),
         Record(dcgm_max, f"max_over_time({dcgm_count}[{config.gpus_expected_memory}])"),
+        Record(
+            series.recovery_action,
+            f'count_values by ({GPU}) ("recovery_action",\n  '
+            f"max by ({GPU}) ({with_node(f'({recovery})', node_labels)})\n)",
+        ),
     ]
-    for name, knob in RISEN:
-        span = getattr(config, knob)
-        rules.append(
-            Record(
-                risen_series(config, name, knob),
-                per_gpu(f"{risen(metric(name, sel), span)} > 0", node_labels),
-            )
-        )
     return Group("gpufleet-gpu-recording", rules, config.gpu_recording_interval)
+
+
+def gpu_counters(config: RulesConfig) -> Group:
+    """Each counter of RISEN, its rise over its window per GPU, where it rose."""
+    sel = config.gpu_selector
+    rules: list[Record | Alert] = [
+        Record(
+            risen_series(config, name, knob),
+            per_gpu(f"{risen(metric(name, sel), getattr(config, knob))} > 0", config.node_labels),
+        )
+        for name, knob in RISEN
+    ]
+    return Group("gpufleet-gpu-counters", rules, config.gpu_recording_interval)
+
+
+def _xid_class(xid: str, klass: XidClass) -> str:
+    return f'{xid}\n  * on (xid) group_left (meaning, action)\n  {XID_INFO}{{class="{klass}"}}'
+
+
+def _recovery(series: GpuSeries, urgency: str) -> str:
+    return (
+        f"{series.recovery_action}\n  * on (recovery_action) group_left (nvml, action)\n"
+        f'  {RECOVERY_INFO}{{urgency="{urgency}"}}'
+    )
 
 
 def gpu_alerts(config: RulesConfig) -> Group:
@@ -177,8 +259,12 @@ def gpu_alerts(config: RulesConfig) -> Group:
     w = config.nvlink_window
     nvlink = {
         name: risen_series(config, f"DCGM_FI_DEV_NVLINK_{name}_ERROR_COUNT_TOTAL", "nvlink_window")
-        for name in ("RECOVERY", "REPLAY", "CRC_FLIT", "CRC_DATA")
+        for name in NVLINK_COUNTERS
     }
+    crc_min = round(config.nvlink_crc_per_second * duration_seconds(w))
+    nvlink5 = "\n  or ".join(
+        risen_series(config, name, "nvlink_window") for name in NVLINK5_COUNTERS
+    )
     node_labels = config.node_labels
     lost = f"gpufleet_gpu_up{{{sel}}} == 0"
     collapsed = agent_node(
@@ -202,7 +288,10 @@ def gpu_alerts(config: RulesConfig) -> Group:
     rules: list[Record | Alert] = [
         Alert(
             "GpuFleetCriticalXid",
-            f'{xid}\n  * on (xid) group_left (meaning, action)\n  {XID_INFO}{{class="act_now"}}',
+            # 154 pages here only on GPUs that report no recovery action: where one is
+            # reported, GpuFleetGpuRecoveryAction says what it asks, and NONE pages nothing.
+            f"{_xid_class(xid, XidClass.ACT_NOW)}\nor (\n  {_xid_class(xid, XidClass.RECOVERY_ACTION)}\n"
+            f"  unless on (UUID) {series.recovery_action}\n)",
             "critical",
             "A GPU reported an XID that needs action now.",
             f"{GPU_WHO} reported XID {{{{ $labels.xid }}}} ({{{{ $labels.meaning }}}}) "
@@ -210,11 +299,39 @@ def gpu_alerts(config: RulesConfig) -> Group:
         ),
         Alert(
             "GpuFleetMaintenanceXid",
-            f'{xid}\n  * on (xid) group_left (meaning, action)\n  {XID_INFO}{{class="maintenance"}}',
+            _xid_class(xid, XidClass.MAINTENANCE),
             "warning",
-            "A GPU reported an XID that needs maintenance at the next drain.",
+            "A GPU reported an XID that a person should investigate; no immediate action.",
             f"{GPU_WHO} reported XID {{{{ $labels.xid }}}} ({{{{ $labels.meaning }}}}). "
             "Action: {{ $labels.action }}.",
+        ),
+        Alert(
+            "GpuFleetUnclassifiedXid",
+            f"{xid}\n  unless on (xid) {XID_INFO}",
+            "warning",
+            "A GPU reported an XID that NVIDIA's catalogue does not classify.",
+            f"{GPU_WHO} reported XID {{{{ $labels.xid }}}} {{{{ $value }}}} time(s) in "
+            f"{config.xid_window}: {UNCLASSIFIED_ACTION.replace('XID', 'XID {{ $labels.xid }}')} "
+            f"({CATALOGUE_SOURCE}).",
+        ),
+        Alert(
+            "GpuFleetGpuRecoveryAction",
+            _recovery(series, "critical"),
+            "critical",
+            "NVML asks for a recovery action on a GPU: reset, reboot or drain.",
+            f"{GPU_WHO}: NVML's recovery action is {{{{ $labels.recovery_action }}}} "
+            "({{ $labels.nvml }}). Action: {{ $labels.action }}.",
+        ),
+        Alert(
+            "GpuFleetGpuRecoveryWarning",
+            f"{_recovery(series, 'warning')}\nor label_replace(\n"
+            f"  {series.recovery_action} unless on (recovery_action) {RECOVERY_INFO},\n"
+            '  "nvml", "unknown to gpufleet", "", ""\n)',
+            "warning",
+            "NVML asks for a recovery action on a GPU that needs no reset yet.",
+            f"{GPU_WHO}: NVML's recovery action is {{{{ $labels.recovery_action }}}} "
+            "({{ $labels.nvml }}). Action: {{ if $labels.action }}{{ $labels.action }}"
+            "{{ else }}see NVIDIA's documentation of nvmlDeviceGetGpuRecoveryAction{{ end }}.",
         ),
         Alert(
             "GpuFleetEccUncorrectable",
@@ -223,14 +340,17 @@ def gpu_alerts(config: RulesConfig) -> Group:
             "critical",
             "A GPU had an uncorrectable (double-bit) ECC error.",
             f"{GPU_WHO} counted {{{{ $value }}}} uncorrectable ECC error(s) (or rows remapped for "
-            f"them) in {config.ecc_window}. Drain the node and reset the GPU; RMA if it repeats.",
+            f"them) in {config.ecc_window}. Drain the node and reset the GPU (NVIDIA's XID 48 "
+            "workflow); watch the row remap alerts after the reset.",
         ),
         Alert(
             "GpuFleetRowRemapFailure",
             per_gpu(f"{metric('DCGM_FI_DEV_ROW_REMAP_FAILURE', sel)} == 1", node_labels),
             "critical",
-            "A GPU failed to remap a memory row: it has no spare rows left.",
-            f"{GPU_WHO} reports a row remapping failure. Drain the node and RMA the GPU.",
+            "A GPU failed to remap a memory row.",
+            f"{GPU_WHO} reports a row remapping failure (an uncorrectable error in a bank "
+            "that used all its remaps, or on a row already remapped). Drain the node, reset "
+            "the GPU or reboot, then run NVIDIA's field diagnostic; RMA only if it confirms a fault.",
         ),
         Alert(
             "GpuFleetRowRemapPending",
@@ -238,16 +358,18 @@ def gpu_alerts(config: RulesConfig) -> Group:
             "warning",
             "A GPU has a row remap pending: it needs a reset to take effect.",
             f"{GPU_WHO} has a row remap pending since at least {config.remap_pending_for}. "
-            "Reset the GPU at the next drain.",
+            "Reset the GPU at the next drain; until then containment and page offlining keep "
+            "the row out of use and new work can run.",
             config.remap_pending_for,
         ),
         Alert(
             "GpuFleetCorrectableRemapsClimbing",
             f"{remaps} >= {config.remaps_climbing_min}",
             "warning",
-            "A GPU keeps remapping rows for correctable errors: a known precursor of failure.",
+            "A GPU keeps remapping rows for correctable errors (gpufleet's heuristic).",
             f"{GPU_WHO} remapped {{{{ $value }}}} rows for correctable errors in "
-            f"{config.remaps_climbing_window}. Plan to drain and test it before it fails.",
+            f"{config.remaps_climbing_window} ({config.remaps_climbing_min} is gpufleet's "
+            "threshold; NVIDIA sets none). Plan to drain it and run NVIDIA's field diagnostic.",
         ),
         Alert(
             "GpuFleetNvlinkErrors",
@@ -256,17 +378,20 @@ def gpu_alerts(config: RulesConfig) -> Group:
             f"or sum by ({GPU}) (\n"
             f'  label_replace({nvlink["CRC_FLIT"]}, "counter", "flit", "", "")\n'
             f'  or label_replace({nvlink["CRC_DATA"]}, "counter", "data", "", "")\n'
-            f") >= {config.nvlink_crc_min}",
+            f") >= {crc_min}\n"
+            f"or max by ({GPU}) (\n  {nvlink5}\n) >= {config.nvlink5_errors_min}",
             "warning",
-            "A GPU's NVLink errors are rising.",
-            f"{GPU_WHO} counted {{{{ $value }}}} NVLink recovery, replay or CRC errors in {w}. "
-            "Check nvidia-smi nvlink -e; drain and reset the GPU if it continues.",
+            "A GPU's NVLink errors are rising past what DCGM's health check fails.",
+            f"{GPU_WHO} counted {{{{ $value }}}} NVLink errors of one kind in {w}: recovery or "
+            f"replay errors, CRC errors at {config.nvlink_crc_per_second:g}/s or more, or "
+            "NVLink5 recovery, symbol, effective or ECC errors. Check nvidia-smi nvlink -e; "
+            "drain and reset the GPU if it continues.",
         ),
         Alert(
             "GpuFleetPcieReplays",
             f"{pcie} >= {config.pcie_replays_min}",
             "warning",
-            "A GPU's PCIe link is replaying packets at a high rate.",
+            "A GPU's PCIe link replays packets faster than DCGM's health check allows.",
             f"{GPU_WHO} replayed {{{{ $value }}}} PCIe packets in {config.pcie_window}: a failing "
             "link or riser, often before the GPU falls off the bus. Reseat or replace at the next drain.",
         ),
@@ -286,7 +411,8 @@ def gpu_alerts(config: RulesConfig) -> Group:
             "critical",
             "NVML reports a GPU lost: it no longer answers.",
             f"{GPU_WHO} is lost (fallen off the bus or unreachable) while the node's other GPUs "
-            "answer. Drain the node and reboot it; RMA the GPU if it recurs.",
+            "answer. Drain the node and reboot it (NVIDIA for XID 79: RESTART_BM); contact "
+            "NVIDIA support if it recurs.",
             config.gpu_lost_for,
         ),
         Alert(

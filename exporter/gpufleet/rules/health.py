@@ -17,12 +17,11 @@ HEALTH_SIGNAL = "node:gpufleet_health_signal:"
 def health_recording(config: RulesConfig) -> Group:
     sel = config.gpu_selector
     weight = config.health_signal_weight
-    throttle = metric(
-        "gpufleet_gpu_clock_throttle_active", sel, 'reason=~"sw_thermal_slowdown|sw_power_cap"'
-    )
+    # sw_power_cap is not counted: a GPU training at its power limit is capped by design
+    throttle = metric("gpufleet_gpu_clock_throttle_active", sel, 'reason="sw_thermal_slowdown"')
     signals = {
         "remaps": f"{risen_series(config, 'DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS', 'remaps_climbing_window')} >= {config.health_remaps_min}",
-        "pcie": f"{risen_series(config, 'DCGM_FI_DEV_PCIE_REPLAY_COUNTER', 'pcie_window')} >= {config.health_pcie_replays_min}",
+        "pcie": f"{risen_series(config, 'DCGM_FI_DEV_PCIE_REPLAY_COUNTER', 'health_pcie_window')} >= {config.health_pcie_replays_min}",
         "nvlink": f"{risen_series(config, 'DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL', 'health_nvlink_window')} >= {config.health_nvlink_replays_min}",
         "sbe": f"{risen_series(config, 'DCGM_FI_DEV_ECC_SBE_VOL_TOTAL', 'health_sbe_window')} >= {config.health_sbe_min}",
     }
