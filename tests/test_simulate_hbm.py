@@ -107,8 +107,12 @@ def test_each_xid_reports_its_own_part_when_it_arrives() -> None:
 
 
 def test_the_repair_resets_the_gpu() -> None:
-    cluster = run(hbm_scenario(), until=ONSET + REPAIR + 60, tick=30.0)
+    cluster = run(hbm_scenario(64), until=ONSET + REPAIR - 60, tick=30.0)
+    assert cluster.gpu_values(NODE, GPU)[cat.RECOVERY_ACTION.name] == 1.0
+    assert counter(cluster, cat.ROW_REMAP_FAILURE) == 1
+    cluster = run(hbm_scenario(64), until=ONSET + REPAIR + 60, tick=30.0)
     assert cluster.gpu_values(NODE, GPU)[cat.RECOVERY_ACTION.name] == 0.0
+    assert counter(cluster, cat.ROW_REMAP_FAILURE) == 0  # no spare rows: replaced
     assert counter(cluster, cat.ROW_REMAP_PENDING) == 0
     assert counter(cluster, cat.ECC_DBE_VOL) == 0  # volatile: cleared by the reset
     assert counter(cluster, cat.ECC_DBE_AGG) == 1

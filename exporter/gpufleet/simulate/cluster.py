@@ -409,6 +409,8 @@ class Cluster:
                 self.node_down[node] = False
                 self.gpu_lost[node, :] = False
                 self.counters[cat.ROW_REMAP_PENDING.name][node, :] = 0
+                # a GPU whose remap failed has no spare rows: the repair replaced it
+                self.counters[cat.ROW_REMAP_FAILURE.name][node, :] = 0
                 self.recovery_action[node, :] = 0
                 for name in _VOLATILE:
                     self.counters[name][node, :] = 0
