@@ -352,3 +352,14 @@ def test_an_all_links_field_whose_scope_is_rejected_is_unsupported_not_an_error(
     assert reader.read().unsupported[cat.NVLINK_RECOVERY_SUCCESSFUL.name] == 8
     # the same error for a whole-GPU field is a failure, counted each cycle
     assert reader.errors.snapshot() == {("gpu", "nvmlDeviceGetFieldValues"): 2}
+
+
+def test_gpm_after_mig_starts_from_a_fresh_sample(fake_nvml: FakeNvml) -> None:
+    reader = open_reader(fake_nvml)
+    reader.read()
+    fake_nvml.set_mig_mode(1, True)
+    assert cat.SM_ACTIVE.name not in reader.read().gpus[1].values
+    fake_nvml.set_mig_mode(1, False)
+    # the sample from before MIG is dropped, not used for a rate over the MIG stretch
+    assert cat.SM_ACTIVE.name not in reader.read().gpus[1].values
+    assert cat.SM_ACTIVE.name in reader.read().gpus[1].values

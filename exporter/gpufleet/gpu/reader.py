@@ -357,6 +357,9 @@ class NvmlReader:
                 if name == "gpm":
                     state.gpm_supported = None
                     state.gpm_unsupported_ids.clear()
+                    if state.gpm_previous is not None:
+                        # a rate over the refused stretch would mean nothing: start afresh
+                        self._free_gpm_sample(state)
 
     # -- NVML call plumbing ------------------------------------------------------
 
