@@ -124,22 +124,37 @@ def build(config: RulesConfig) -> dm.Dashboard:
         (cat.ROW_REMAP_PENDING.name, GPU_LEGEND + " pending"),
         (cat.ROW_REMAP_FAILURE.name, GPU_LEGEND + " failed"),
     )
-    gpu_panel(
+    # One query: each GPU has only its NVLink generation's counters, so the panel has
+    # data on every node; the counter label names the one a line comes from.
+    nvlink_errors = (
+        (cat.NVLINK_CRC_FLIT.name, "CRC flit"),
+        (cat.NVLINK_CRC_DATA.name, "CRC data"),
+        (cat.NVLINK_REPLAY.name, "replay"),
+        (cat.NVLINK_RECOVERY.name, "recovery"),
+        (cat.NVLINK_ECC_ERRORS.name, "data ECC"),
+        (cat.NVLINK_RECOVERY_FAILED.name, "recovery failed"),
+        (cat.NVLINK_RECOVERY_EVENTS.name, "recovery events"),
+        (cat.NVLINK_SYMBOL_ERRORS.name, "symbol"),
+        (cat.NVLINK_EFFECTIVE_ERRORS.name, "effective"),
+    )
+    grid.timeseries(
+        8,
+        7,
         "NVLink errors",
         "NVLink errors per interval: CRC, replay and recovery errors before Blackwell; "
         "data ECC errors from Hopper on; link recoveries (failed and all) and symbol / "
         "effective errors on Blackwell (NVLink5), where the older counters are gone.",
         "short",
-        (cat.NVLINK_CRC_FLIT.name, GPU_LEGEND + " CRC flit"),
-        (cat.NVLINK_CRC_DATA.name, GPU_LEGEND + " CRC data"),
-        (cat.NVLINK_REPLAY.name, GPU_LEGEND + " replay"),
-        (cat.NVLINK_RECOVERY.name, GPU_LEGEND + " recovery"),
-        (cat.NVLINK_ECC_ERRORS.name, GPU_LEGEND + " data ECC"),
-        (cat.NVLINK_RECOVERY_FAILED.name, GPU_LEGEND + " recovery failed"),
-        (cat.NVLINK_RECOVERY_EVENTS.name, GPU_LEGEND + " recovery events"),
-        (cat.NVLINK_SYMBOL_ERRORS.name, GPU_LEGEND + " symbol"),
-        (cat.NVLINK_EFFECTIVE_ERRORS.name, GPU_LEGEND + " effective"),
-        wrap=increase,
+        common.targets(
+            (
+                "\nor ".join(
+                    f"label_replace(\n{this_node(config, name, wrap=increase)},\n"
+                    f'  "counter", "{label}", "", "")'
+                    for name, label in nvlink_errors
+                ),
+                GPU_LEGEND + " {{counter}}",
+            ),
+        ),
     )
     gpu_panel(
         "PCIe replays",
