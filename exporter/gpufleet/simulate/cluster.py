@@ -685,6 +685,7 @@ class Cluster:
             cat.CLOCK_THROTTLE_REASONS.name: float(self.throttle[node, gpu]),
             cat.CLOCKS_EVENT_REASONS.name: float(self.throttle[node, gpu]),
             cat.VGPU_LICENSE_STATUS.name: 0.0,  # bare metal, as DCGM reports it
+            cat.NVLINK_ECC_ERRORS.name: 0.0,  # an H100 has it (Hopper+); no NVLink5 counters
             cat.POWER_VIOLATION.name: 0.0,
             cat.THERMAL_VIOLATION.name: 0.0,
             cat.SM_ACTIVE.name: round(0.9 * load / slow, 4),
