@@ -13,6 +13,7 @@ in the demo test (``FACTOR``).
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -49,6 +50,7 @@ ONSET_S = 240.0  # uncompressed: four minutes of healthy training first
 # Until the 10-minute XID and ECC windows have closed (their alerts resolved, which lifts
 # the inhibition of the node's warnings), plus a margin: uncompressed seconds.
 WATCH_S = 15 * 60
+XID_SET = re.compile(r'"xid", "(\d+)"')
 
 
 def the_incident() -> Scenario:
@@ -89,14 +91,20 @@ def shipped_routing(webhook_url: str, path: Path) -> Path:
 
 
 def xid_classes() -> dict[str, str]:
-    """The XID catalogue of the generated rules: code -> class (act_now, maintenance, ...)."""
+    """The XID catalogue of the generated rules: code -> class (act_now, maintenance, ...),
+    from records of one code each (an ``xid`` label) or of a class each (``xid`` set by
+    label_replace in the expression)."""
     rules = yaml.safe_load((ROOT / "alerts/gpu.rules.yaml").read_text())
-    return {
-        rule["labels"]["xid"]: rule["labels"]["class"]
-        for group in rules["groups"]
-        for rule in group["rules"]
-        if rule.get("record") == "gpufleet:xid_catalogue:info"
-    }
+    classes = {}
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            if rule.get("record") != "gpufleet:xid_catalogue:info":
+                continue
+            labels = rule["labels"]
+            codes = [labels["xid"]] if "xid" in labels else XID_SET.findall(rule["expr"])
+            classes |= dict.fromkeys(codes, labels["class"])
+    assert classes.get("48") == "act_now", "no XID catalogue found in alerts/gpu.rules.yaml"
+    return classes
 
 
 def alert_severities() -> dict[str, str]:

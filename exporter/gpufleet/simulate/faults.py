@@ -90,6 +90,7 @@ class Alert(StrEnum):
     ECC_UNCORRECTABLE = "GpuFleetEccUncorrectable"
     ROW_REMAP_FAILURE = "GpuFleetRowRemapFailure"
     ROW_REMAP_PENDING = "GpuFleetRowRemapPending"
+    GPU_RECOVERY_ACTION = "GpuFleetGpuRecoveryAction"
     REMAPS_CLIMBING = "GpuFleetCorrectableRemapsClimbing"
     NVLINK_ERRORS = "GpuFleetNvlinkErrors"
     PCIE_REPLAYS = "GpuFleetPcieReplays"
@@ -159,8 +160,8 @@ CAUSES: tuple[Cause, ...] = (
     Cause(
         # XID 48 leads; the rest of the burst follows it (``dbe_burst``)
         "hbm", "hbm", 17.0, Effect.HBM_ECC, ((DBE, 1.0),), Scope.NODE,
-        (Alert.CRITICAL_XID, Alert.ECC_UNCORRECTABLE, Alert.ROW_REMAP_PENDING,
-         Alert.ROW_REMAP_FAILURE),
+        (Alert.CRITICAL_XID, Alert.ECC_UNCORRECTABLE, Alert.GPU_RECOVERY_ACTION,
+         Alert.ROW_REMAP_PENDING, Alert.ROW_REMAP_FAILURE),
         True, "remaps", 0.3,
     ),
     Cause(
