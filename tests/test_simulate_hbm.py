@@ -4,6 +4,8 @@ and the recovery action it reports, until the repair resets the GPU."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -18,6 +20,7 @@ from gpufleet.simulate.config import (
     load_scenario,
 )
 from gpufleet.simulate.faults import Episode, Kind, dbe_burst
+from gpufleet.simulate.history import write_history
 from gpufleet.simulate.timeline import Timeline, build_timeline
 
 START = 1_800_000_000.0
@@ -169,3 +172,36 @@ def test_an_ecc_degradations_uncorrectable_error_is_the_same_burst() -> None:
     assert counter(cluster, cat.ECC_DBE_VOL) == 1
     assert counter(cluster, cat.ROW_REMAP_FAILURE) == 1
     assert cluster.gpu_values(NODE, GPU)[cat.RECOVERY_ACTION.name] == 1.0
+
+
+def test_the_history_holds_the_burst_and_the_recovery_action(tmp_path: Path) -> None:
+    """What the detection benchmark imports: the burst's XIDs and the recovery action of
+    the failing GPU, reset to 0 by the repair."""
+    scenario = hbm_scenario(64)
+    end = START + 2 * REPAIR
+    result = write_history(scenario, 7, 2 * REPAIR / 86400, tmp_path, end=end, shards=1)
+    text = "".join(path.read_text() for path in result.files)
+    begins = end - 2 * REPAIR
+
+    def samples(name: str, **labels: str) -> list[tuple[float, float]]:
+        found = []
+        for line in text.splitlines():
+            if not line.startswith(name + "{") or f'gpu="{GPU}"' not in line:
+                continue
+            if 'Hostname="node-003"' not in line:
+                continue
+            if any(f'{key}="{value}"' not in line for key, value in labels.items()):
+                continue
+            value, stamp = line.rsplit(" ", 2)[1:]
+            found.append((float(stamp) - begins, float(value)))
+        return found
+
+    seen = {xid: samples(cat.XID_TOTAL.name, xid=xid) for xid in ("48", "94", "95", "64", "154")}
+    assert len([xid for xid in ("94", "95") if seen[xid]]) == 1
+    for xid, counts in seen.items():
+        assert not counts or (counts[0][0] >= ONSET and {v for _, v in counts} == {1.0}), xid
+    assert seen["48"] and seen["64"] and seen["154"]
+    action = samples(cat.RECOVERY_ACTION.name)
+    assert {v for t, v in action if t < ONSET} == {0.0}
+    assert {v for t, v in action if ONSET + 30 <= t < ONSET + REPAIR} == {1.0}
+    assert {v for t, v in action if t >= ONSET + REPAIR + 30} == {0.0}

@@ -149,7 +149,8 @@ def wants_rank_series(spec: ClusterSpec, mode: str) -> bool:
 
 
 def touched_gpus(cluster: Cluster) -> list[tuple[int, int]]:
-    """GPUs whose error counters, XIDs or throttle flags ever move in this timeline."""
+    """GPUs whose error counters, XIDs, recovery action or throttle flags ever move in
+    this timeline."""
     touched: set[tuple[int, int]] = set()
     for episode in cluster.timeline.episodes:
         if episode.node is None:
@@ -217,6 +218,7 @@ class _Recorder:
         self.gpu_counters = {name: np.full((ticks, touched), np.nan) for name in GPU_COUNTERS}
         self.throttle = np.full((ticks, touched), np.nan)
         self.xid_last = np.full((ticks, touched), np.nan)
+        self.recovery_action = np.full((ticks, touched), np.nan)
         self.xid_counts: dict[tuple[int, int, int], np.ndarray] = {}
         self.tick = 0
 
@@ -259,6 +261,7 @@ class _Recorder:
             self.throttle[tick, slot] = cluster.throttle[node, gpu]
             record = cluster.xids.get((node, gpu))
             self.xid_last[tick, slot] = record.last if record else 0.0
+            self.recovery_action[tick, slot] = cluster.recovery_action[node, gpu]
         for (node, gpu), record in cluster.xids.items():
             if node not in self.mine or cluster.node_down[node]:
                 continue
@@ -401,6 +404,10 @@ def _write_shard(recorder: _Recorder, path: Path) -> int:
                 )
                 labels = [*_gpu_labels(cluster, node, gpu), ("reason", reason)]
                 out.present(cat.THROTTLE_ACTIVE.name, labels, flag.astype(float))
+        out.declare(_GPU_METRICS[cat.RECOVERY_ACTION.name])
+        for slot, (node, gpu) in enumerate(recorder.touched):
+            labels = _gpu_labels(cluster, node, gpu)
+            out.present(cat.RECOVERY_ACTION.name, labels, recorder.recovery_action[:, slot])
         out.declare(cat.XID_LAST)
         for slot, (node, gpu) in enumerate(recorder.touched):
             out.present(
