@@ -262,8 +262,10 @@ def gpu_alerts(config: RulesConfig) -> Group:
         for name in NVLINK_COUNTERS
     }
     crc_min = round(config.nvlink_crc_per_second * duration_seconds(w))
+    # each tagged with its counter, so that max takes the largest, not the first
     nvlink5 = "\n  or ".join(
-        risen_series(config, name, "nvlink_window") for name in NVLINK5_COUNTERS
+        f'label_replace({risen_series(config, name, "nvlink_window")}, "counter", "{name}", "", "")'
+        for name in NVLINK5_COUNTERS
     )
     node_labels = config.node_labels
     lost = f"gpufleet_gpu_up{{{sel}}} == 0"
