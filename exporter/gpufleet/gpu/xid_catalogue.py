@@ -25,10 +25,8 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
-CATALOGUE_SOURCE = (
-    "NVIDIA's XID catalogue (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html), "
-    "as of 2025-10-29"
-)
+CATALOGUE_URL = "docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html"
+CATALOGUE_DATE = "2025-10-29"  # the copy gpufleet's table holds
 UNKNOWN_MESSAGE = "Unknown Error"  # dcgm-exporter's err_msg for a code outside its table
 
 

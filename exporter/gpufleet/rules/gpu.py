@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpufleet.gpu.xid_catalogue import (
-    CATALOGUE_SOURCE,
+    CATALOGUE_DATE,
+    CATALOGUE_URL,
     RECOVERY_ACTIONS,
     UNCLASSIFIED_ACTION,
     XidClass,
@@ -314,7 +315,7 @@ def gpu_alerts(config: RulesConfig) -> Group:
             "A GPU reported an XID that NVIDIA's catalogue does not classify.",
             f"{GPU_WHO} reported XID {{{{ $labels.xid }}}} {{{{ $value }}}} time(s) in "
             f"{config.xid_window}: {UNCLASSIFIED_ACTION.replace('XID', 'XID {{ $labels.xid }}')} "
-            f"({CATALOGUE_SOURCE}).",
+            f"({CATALOGUE_URL}; gpufleet's copy is of {CATALOGUE_DATE}).",
         ),
         Alert(
             "GpuFleetGpuRecoveryAction",
