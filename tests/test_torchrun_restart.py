@@ -101,6 +101,8 @@ def test_a_job_torchrun_restarts_counts_both_attempts_under_one_training_job(
         name: value
         for name, value in os.environ.items()
         if not name.startswith(("GPUFLEET_", "SLURM_", "TORCHELASTIC_"))
+        # the workers meet in the agent's store, which this would take away
+        and name != "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
     }
     env.update(
         OMP_NUM_THREADS="1",
