@@ -1,6 +1,6 @@
 """End to end: simulated nodes -> real Prometheus evaluating gpufleet's rules -> real
-Alertmanager -> webhook. A straggler and an XID 79 (with the lost GPU and NVML's recovery
-action) page for the right nodes; nothing else.
+Alertmanager -> webhook. A straggler and an XID 79 (with the lost GPU) page for the right
+nodes; nothing else.
 
 Beside it, the sharded path of docs/SCALING.md: two Prometheus shards, each scraping
 half of the nodes and evaluating the per-GPU rules (gpu.rules.yaml), remote-write into
@@ -60,8 +60,6 @@ EXPECTED = {
     ("GpuFleetStragglerNode", "node-005"),
     ("GpuFleetCriticalXid", "node-009"),
     ("GpuFleetGpuLost", "node-009"),
-    # the simulator's NVML asks for a node reboot on the GPUs of the node it excluded
-    ("GpuFleetGpuRecoveryAction", "node-009"),
 }
 
 

@@ -22,7 +22,6 @@ from gpufleet.simulate.faults import (
     DBE,
     RECOVERY_ACTION_CHANGED,
     RECOVERY_GPU_RESET,
-    RECOVERY_NODE_REBOOT,
     REMAP_FAILED,
     REMAP_RECORDED,
     Effect,
@@ -306,8 +305,6 @@ class Cluster:
             self.node_down[node] = True
         if cause.excludes_node:
             self.excluded[node] = True
-            if effect != Effect.HBM_ECC:  # an HBM error asks its own GPU for a reset
-                self.recovery_action[node, :] = RECOVERY_NODE_REBOOT
 
     def _xid_storm(self, episode: Episode, start: float, end: float) -> None:
         assert episode.node is not None and episode.gpu is not None

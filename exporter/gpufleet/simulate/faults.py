@@ -33,10 +33,10 @@ RECOVERY_ACTION_CHANGED = 154
 DBE_BURST_XIDS = frozenset(
     {DBE, CONTAINED, UNCONTAINED, REMAP_RECORDED, REMAP_FAILED, RECOVERY_ACTION_CHANGED}
 )
-# NVML's recovery actions (gpufleet_gpu_recovery_action): a DBE asks for a GPU reset;
-# the simulator shows a node reboot on the GPUs of a node other faults excluded.
+# NVML's recovery action (gpufleet_gpu_recovery_action): the driver changes it with an
+# XID 154, which the simulator emits only in a DBE burst (a GPU reset on that GPU); every
+# other cause leaves it at NONE, as NVML reports it on a GPU that asked for nothing.
 RECOVERY_GPU_RESET = 1
-RECOVERY_NODE_REBOOT = 2
 
 
 def dbe_burst(
