@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -104,3 +105,23 @@ def test_agent_info_names_node_and_source(client: tuple[TestClient, Agent]) -> N
             assert labels["node"] == "node-a" and labels["gpu_source"] == "nvml"
             return
     pytest.fail("gpufleet_agent_info missing")
+
+
+def test_agent_serves_when_it_started_so_rules_see_a_restart() -> None:
+    """The XID rule reads it: a restarted agent's counters count from this time."""
+    before = time.time()
+    agent = Agent(AgentSettings(node="restarted", gpu_source="none"))
+    after = time.time()
+    agent.open()
+    with TestClient(agent.asgi()) as test_client:
+        first = test_client.get("/metrics").text
+        second = test_client.get("/metrics").text
+    values = [
+        sample.value
+        for text in (first, second)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "gpufleet_agent_start_time_seconds"
+    ]
+    assert len(values) == 2 and values[0] == values[1]  # fixed, not the scrape's time
+    assert before - 0.001 <= values[0] <= after + 0.001  # the exposition rounds

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 from prometheus_client.metrics_core import Metric
@@ -39,8 +40,11 @@ class AgentSelfCollector(Collector):
         scrapes: ScrapeStats,
         *,
         connections: ConnectionGuard | None = None,
+        started_at: float | None = None,
     ) -> None:
         self._node = node
+        # The XID ledger is made with the agent, so its counters count from about now.
+        self._started_at = time.time() if started_at is None else started_at
         self._gpu_source = gpu_source
         self._errors = errors
         self._sampler = sampler
@@ -51,6 +55,9 @@ class AgentSelfCollector(Collector):
         info = schema.AGENT_INFO.gauge()
         info.add_metric([__version__, self._node, self._gpu_source], 1.0)
         yield info
+        started = schema.AGENT_START_TIME.gauge()
+        started.add_metric([], self._started_at)
+        yield started
 
         errors = schema.COLLECTOR_ERRORS.counter()
         for (collector, call), count in sorted(self._errors.snapshot().items()):

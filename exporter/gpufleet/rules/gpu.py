@@ -166,6 +166,9 @@ def gpu_recording(config: RulesConfig) -> Group:
     node_labels = config.node_labels
     window = config.xid_window
     counter = metric("gpufleet_gpu_xid_errors_total", sel)
+    # gpufleet's agents that started within the window: their XID counters count from then
+    started = metric("gpufleet_agent_start_time_seconds", config.agent_selector)
+    restarted = f"{started} > time() - {duration_seconds(window):g}"
     last = metric("DCGM_FI_DEV_XID_ERRORS", sel)
     agent_gpus = metric("gpufleet_gpu_up", sel)
     series = GpuSeries.of(config)
@@ -203,7 +206,7 @@ def gpu_recording(config: RulesConfig) -> Group:
         # (one rule for every code); its opt-in per-code count.
         Record(
             series.xid_new,
-            f"max by ({GPU}, xid) (\n  {with_node(new_in(counter, window), node_labels)}\n)\nor\n"
+            f"max by ({GPU}, xid) (\n  {with_node(new_in(counter, window, restarted), node_labels)}\n)\nor\n"
             f'count_values by ({GPU}) ("xid", {changed})\nor\n'
             f"max by ({GPU}, xid) (\n  {with_node(f'({xid_counts} > 0 unless on (UUID) {agent_gpus})', node_labels)}\n)",
         ),

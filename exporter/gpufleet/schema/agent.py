@@ -45,6 +45,12 @@ AGENT_INFO = MetricDef(
     "The agent's version, node name and GPU source; the value is always 1.",
     ("version", "node", "gpu_source"),
 )
+AGENT_START_TIME = MetricDef(
+    "gpufleet_agent_start_time_seconds",
+    "gauge",
+    "Unix time the agent started: its XID counters count from here, so a rule can tell "
+    "a restarted agent's counter from one that kept counting.",
+)
 COLLECTOR_ERRORS = MetricDef(
     "gpufleet_collector_errors_total",
     "counter",
@@ -102,6 +108,7 @@ INGEST_FAMILIES = (
 )
 SELF_FAMILIES = (
     AGENT_INFO,
+    AGENT_START_TIME,
     COLLECTOR_ERRORS,
     COLLECTOR_UP,
     COLLECTOR_CYCLES,

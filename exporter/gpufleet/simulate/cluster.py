@@ -174,7 +174,9 @@ class Cluster:
         self.counters = {name: np.zeros((nodes, gpus)) for name in GPU_COUNTERS}
         self.energy_mj = static.uniform(2e12, 2.4e12, (nodes, gpus))
         self.xids: dict[tuple[int, int], XidRecord] = {}
-        self.recovery_action = np.zeros((nodes, gpus))  # NVML's, until the repair resets it
+        # NVML's recovery action, until the repair resets it; when each node's agent
+        # started (its XID counters count from then; a repair reboots the node)
+        self.recovery_action, self.agent_started = np.zeros((nodes, gpus)), np.full(nodes, start)
         self.gpu_lost = np.zeros((nodes, gpus), dtype=bool)
         self.node_down = np.zeros(nodes, dtype=bool)
         self.nvml_hung = np.zeros(nodes, dtype=bool)
@@ -412,6 +414,7 @@ class Cluster:
                 for name in _VOLATILE:
                     self.counters[name][node, :] = 0
                 # The node was rebooted: its agent starts afresh.
+                self.agent_started[node] = exclusion.end
                 self.training.reset_node(node)
                 for gpu in range(self.gpus):
                     self.xids.pop((node, gpu), None)

@@ -199,6 +199,7 @@ class _Recorder:
         }
         self.seen = np.full((ticks, count), np.nan)
         self.collector_up = np.full((ticks, count), np.nan)
+        self.agent_started = np.full((ticks, count), np.nan)
         self.node_series = {
             attr: np.full((ticks, count), np.nan) for _, attr in _NODE_TRAINING + _NODE_CHECKPOINT
         }
@@ -242,6 +243,7 @@ class _Recorder:
                         array[tick, column, gpu] = values[name]
         self.seen[tick] = np.where(alive, np.nansum(gpu_up, axis=1), np.nan)
         self.collector_up[tick] = np.where(alive, (~hung).astype(float), np.nan)
+        self.agent_started[tick] = np.where(alive, cluster.agent_started[nodes], np.nan)
         training = cluster.training
         visible = np.array([cluster.training_visible(n) for n in nodes]) & alive
         for _, attr in _NODE_TRAINING + _NODE_CHECKPOINT:
@@ -343,6 +345,11 @@ def _write_shard(recorder: _Recorder, path: Path) -> int:
         for column, labels in enumerate(node_labels):
             out.present(
                 collector_up.name, [("collector", "gpu"), *labels], recorder.collector_up[:, column]
+            )
+        out.declare(agent_schema.AGENT_START_TIME)
+        for column, labels in enumerate(node_labels):
+            out.present(
+                agent_schema.AGENT_START_TIME.name, labels, recorder.agent_started[:, column]
             )
 
         job = cluster.spec.job

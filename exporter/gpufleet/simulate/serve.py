@@ -137,9 +137,11 @@ def self_families(cluster: Cluster, node: int) -> list[Metric]:
     name = cluster.node_names[node]
     info = agent_schema.AGENT_INFO.gauge()
     info.add_metric([__version__, name, "simulated"], 1.0)
+    started = agent_schema.AGENT_START_TIME.gauge()
+    started.add_metric([], float(cluster.agent_started[node]))
     up = agent_schema.COLLECTOR_UP.gauge()
     up.add_metric(["gpu"], 0.0 if cluster.nvml_hung[node] else 1.0)
-    return [info, up]
+    return [info, started, up]
 
 
 def node_exposition(cluster: Cluster, node: int) -> bytes:

@@ -451,6 +451,10 @@ def _write_hardware(out: _Writer, shared: SharedCluster, views: list[_NodeView])
         values = view.hardware(lambda s: s.recorder.collector_up[:, s.column], 1.0)
         labels = [("collector", "gpu"), *view.labels]
         out.present(agent_schema.COLLECTOR_UP.name, labels, values)
+    out.declare(agent_schema.AGENT_START_TIME)
+    for view in views:
+        values = view.hardware(lambda s: s.recorder.agent_started[:, s.column], np.nan)
+        out.present(agent_schema.AGENT_START_TIME.name, view.labels, values)
 
 
 def _node_attr(attr: str) -> Callable[[_Segment], np.ndarray]:
