@@ -43,7 +43,7 @@ class AgentSelfCollector(Collector):
         started_at: float | None = None,
     ) -> None:
         self._node = node
-        # The XID ledger is made with the agent, so its counters count from about now.
+        # Made in Agent.open() with the XID ledger, so its counters count from about now.
         self._started_at = time.time() if started_at is None else started_at
         self._gpu_source = gpu_source
         self._errors = errors
