@@ -152,7 +152,7 @@ class GpuSeries(SeriesNames):
     # within gpus_expected_memory (what the node should have: 4 on a 4-GPU node)
     dcgm_gpus: str = "node:gpufleet_dcgm_gpus:count"
     dcgm_gpus_max: str = "node:gpufleet_dcgm_gpus:max{gpus_expected_memory}"
-    # per GPU that reports one, NVML's recovery action as a label (value 1), NONE included
+    # per GPU that asks for one (not NONE), NVML's recovery action as a label (value 1)
     recovery_action: str = "gpu:gpufleet_gpu_recovery_action:current"
 
 
@@ -222,7 +222,7 @@ def gpu_recording(config: RulesConfig) -> Group:
         Record(
             series.recovery_action,
             f'count_values by ({GPU}) ("recovery_action",\n  '
-            f"max by ({GPU}) ({with_node(f'({recovery})', node_labels)})\n)",
+            f"max by ({GPU}) ({with_node(f'({recovery}) > 0', node_labels)})\n)",
         ),
     ]
     return Group("gpufleet-gpu-recording", rules, config.gpu_recording_interval)
@@ -291,13 +291,15 @@ def gpu_alerts(config: RulesConfig) -> Group:
     )
     remaps = risen_series(config, "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "remaps_climbing_window")
     pcie = risen_series(config, "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "pcie_window")
+    # every GPU that reports a recovery action, NONE included: a point lookup, not a record
+    recovery = " or ".join(metric(name, sel) for name in RECOVERY_ACTION_METRICS)
     rules: list[Record | Alert] = [
         Alert(
             "GpuFleetCriticalXid",
             # 154 pages here only on GPUs that report no recovery action: where one is
             # reported, GpuFleetGpuRecoveryAction says what it asks, and NONE pages nothing.
             f"{_xid_class(xid, XidClass.ACT_NOW)}\nor (\n  {_xid_class(xid, XidClass.RECOVERY_ACTION)}\n"
-            f"  unless on (UUID) {series.recovery_action}\n)",
+            f"  unless on (UUID) ({recovery})\n)",
             "critical",
             "A GPU reported an XID that needs action now.",
             f"{GPU_WHO} reported XID {{{{ $labels.xid }}}} ({{{{ $labels.meaning }}}}) "
