@@ -106,6 +106,7 @@ def test_ci_values_cover_the_issue_scenarios() -> None:
         "hostport-values.yaml",
         "privileged-values.yaml",
         "pod-attribution-values.yaml",
+        "kube-watch-values.yaml",
     }
 
 
@@ -192,7 +193,12 @@ def test_every_container_is_least_privilege_unless_privileged_mode(
             assert container["resources"]["requests"] and container["resources"]["limits"]
     for account in objects(docs, "ServiceAccount"):
         assert account["automountServiceAccountToken"] is False
-    assert not objects(docs, "Role") and not objects(docs, "ClusterRole")
+    assert not objects(docs, "Role")
+    # The one grant the chart may make: kube-watch reading nodes (tested below).
+    for role in objects(docs, "ClusterRole"):
+        assert name == "kube-watch-values.yaml"
+        verbs = {verb for rule in role["rules"] for verb in rule["verbs"]}
+        assert verbs <= {"get", "list", "watch"}
 
 
 def test_only_privileged_mode_renders_a_privileged_container() -> None:
@@ -387,6 +393,63 @@ def test_network_policies_admit_prometheus_and_the_named_peers_only() -> None:
     }
     (fleet_rule,) = policies["fleet"]["spec"]["ingress"]
     assert len(fleet_rule["from"]) == 2
+
+
+def test_kube_watch_is_off_by_default_and_grants_nothing() -> None:
+    docs = render()
+    assert not objects(docs, "ClusterRole") and not objects(docs, "ClusterRoleBinding")
+    spec = pod_spec(one(docs, "Deployment", "fleet"))
+    assert [c["name"] for c in spec["containers"]] == ["fleet"]
+    assert spec["automountServiceAccountToken"] is False
+
+
+def test_kube_watch_reads_nodes_only_and_gets_the_token_alone() -> None:
+    """Issue 36: the Node watch runs in the ledger's pod with a read-only ClusterRole on
+    nodes; the service account token reaches the watcher's container, not the ledger's."""
+    from gpufleet.cli.kube import KUBE_WATCH_OPTIONS
+
+    docs = render(*values_file("kube-watch"))
+    (role,) = objects(docs, "ClusterRole")
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}
+    ]
+    (binding,) = objects(docs, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    deployment = one(docs, "Deployment", "fleet")
+    spec = pod_spec(deployment)
+    assert spec["automountServiceAccountToken"] is False
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": spec["serviceAccountName"], "namespace": NAMESPACE}
+    ]
+    ledger, watcher = spec["containers"]
+    assert watcher["args"] == ["kube-watch"]
+    token_dir = "/var/run/secrets/kubernetes.io/serviceaccount"
+    assert token_dir in {m["mountPath"] for m in watcher["volumeMounts"]}
+    assert token_dir not in {m["mountPath"] for m in ledger["volumeMounts"]}
+    (api,) = [v for v in spec["volumes"] if v["name"] == "kube-api-access"]
+    kinds = [next(iter(source)) for source in api["projected"]["sources"]]
+    assert kinds == ["serviceAccountToken", "configMap", "downwardAPI"]
+    env = env_of(watcher)
+    assert env["GPUFLEET_FLEET_URL"] == "http://127.0.0.1:9406"
+    assert env["GPUFLEET_FLEET_TOKEN_FILE"] == "/etc/gpufleet/fleet-token/token"
+    assert env["GPUFLEET_KUBE_WATCH_TAINTS"] == "nvidia.com/*,nvsentinel.dgxc.nvidia.com/*"
+    assert not {n for n in env if n.startswith("GPUFLEET_")} - {
+        option.env for option in KUBE_WATCH_OPTIONS
+    }
+    ports = {p["name"]: p["port"] for p in one(docs, "Service", "fleet")["spec"]["ports"]}
+    assert ports == {"http": 9406, "watch-metrics": 9407}
+    monitor = one(docs, "ServiceMonitor", "fleet")
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["http", "watch-metrics"]
+
+
+def test_kube_watch_chart_defaults_are_the_cli_defaults() -> None:
+    from gpufleet.cli import kube
+
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["fleet"]["kubeWatch"]
+    assert values["taints"] == kube.DEFAULT_TAINTS
+    assert values["ignoreTaints"] == kube.DEFAULT_IGNORED_TAINTS
+    assert values["conditions"] == kube.DEFAULT_CONDITIONS
+    assert values["cordon"] is True
 
 
 def test_pod_attribution_hook_mounts_the_pod_resources_socket_read_only() -> None:
