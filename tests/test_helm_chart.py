@@ -440,6 +440,11 @@ def test_kube_watch_reads_nodes_only_and_gets_the_token_alone() -> None:
     assert ports == {"http": 9406, "watch-metrics": 9407}
     monitor = one(docs, "ServiceMonitor", "fleet")
     assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["http", "watch-metrics"]
+    policy = one(docs, "NetworkPolicy", "fleet")
+    assert [[p["port"] for p in rule["ports"]] for rule in policy["spec"]["ingress"]] == [
+        ["http"],
+        ["watch-metrics"],
+    ]
 
 
 def test_kube_watch_chart_defaults_are_the_cli_defaults() -> None:
