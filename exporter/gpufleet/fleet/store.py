@@ -141,6 +141,31 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX exclusions_open ON exclusions (node) WHERE released_at IS NULL;
     ALTER TABLE attempts ADD COLUMN source TEXT NOT NULL DEFAULT 'manual';
     """,
+    # 5: pages from Alertmanager (incidents.py): one row per alert, keyed by its fingerprint
+    # and start however often it is re-sent, and the count per alert name /metrics exports.
+    """
+    CREATE TABLE incidents (
+        id INTEGER PRIMARY KEY,
+        fingerprint TEXT NOT NULL,
+        started_at REAL NOT NULL,
+        alertname TEXT NOT NULL,
+        node TEXT NOT NULL,
+        severity TEXT NOT NULL,
+        training_job TEXT,
+        summary TEXT NOT NULL DEFAULT '',
+        resolved_at REAL,
+        received_at REAL NOT NULL,
+        last_received_at REAL NOT NULL,
+        notifications INTEGER NOT NULL DEFAULT 1,
+        UNIQUE (fingerprint, started_at)
+    );
+    CREATE INDEX incidents_node ON incidents (node, started_at);
+    CREATE INDEX incidents_time ON incidents (started_at, id);
+    CREATE TABLE incident_counts (
+        alertname TEXT PRIMARY KEY,
+        count INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    """,
 )
 
 
