@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpufleet.fleet.chains import job_history
+from gpufleet.fleet.chains import SUPERSEDED, job_history, settle_superseded
 
 H = 3600.0
 
@@ -99,3 +99,38 @@ def test_a_cancelled_job_abandons_its_chain() -> None:
         now=2 * H,
     )
     assert history.chains[0].outcome == "abandoned"
+
+
+def test_an_attempt_with_no_end_is_failed_by_the_next_attempts_start() -> None:
+    """SIGKILL or a lost node: attempt 1 never sent `ended`; attempt 2 starting ends it."""
+    history = job_history(
+        [
+            attempt(1, "initial", 0, 60),  # no end, ever
+            attempt(2, "auto", H, H + 120),
+        ],
+        now=H + 600,
+    )
+    chain = history.open_chain
+    assert chain is not None and chain.started_at == H and chain.attempts == [2]
+    (recovery,) = history.recoveries
+    assert (recovery.failed_attempt, recovery.trigger, recovery.downtime_s) == (1, "auto", 120)
+
+
+def test_settling_keeps_sent_ends_and_the_last_attempt_running() -> None:
+    rows = [
+        attempt(3, "auto", 3 * H),  # the newest: still running
+        attempt(1, "initial", 0, 60, H / 2, "failed"),  # sent its end
+        attempt(2, "auto", H, None),  # superseded by 3
+    ]
+    settled = settle_superseded(rows)
+    assert [(a["attempt"], a["ended_at"], a["outcome"], a.get("cause")) for a in settled] == [
+        (1, H / 2, "failed", None),
+        (2, 3 * H, "failed", SUPERSEDED),
+        (3, None, None, None),
+    ]
+    assert rows[2]["ended_at"] is None  # the caller's rows are not changed
+
+
+def test_a_superseded_attempt_never_ends_before_it_started() -> None:
+    (first, _) = settle_superseded([attempt(1, "initial", 2 * H), attempt(2, "manual", H)])
+    assert first["ended_at"] == 2 * H and first["outcome"] == "failed"

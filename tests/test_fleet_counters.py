@@ -210,3 +210,38 @@ def test_a_scrape_reads_the_counters_not_the_history(
         assert "exclusions_open" in str(plan), plan
     finally:
         store.close()
+
+
+def test_an_attempt_that_never_ended_is_failed_once_a_later_one_starts(tmp_path: Path) -> None:
+    """SIGKILL, a lost node: attempt 1 sends no `ended`. Attempt 2's start ends it, failed
+    (cause superseded), in the exported counters as in their recomputation, and a late
+    `ended` for attempt 1 is still accepted and then wins."""
+    clock = Clock(NOW + 10_000)
+    store = LedgerStore(tmp_path / "fleet.db", clock=clock, healthy_after=HEALTHY_AFTER)
+    try:
+        for key, event, at in [
+            ("a1-start", {"attempt": 1, "event": "started", "trigger": "initial"}, NOW),
+            ("a1-first", {"attempt": 1, "event": "first_step"}, NOW + 60),
+            ("a2-start", {"attempt": 2, "event": "started", "trigger": "auto"}, NOW + 700),
+        ]:
+            store.attempt_event(
+                key, AttemptEventIn(training_job="j", at=at, source="torchrun", **event)
+            )
+        job = store.snapshot().jobs["j"]
+        assert job.attempts == {
+            ("initial", "failed", "torchrun"): 1,
+            ("auto", "running", "torchrun"): 1,
+        }
+        assert job.open_failed == 0  # the chain attempt 1 opened holds attempt 2, running
+        assert comparable(store.snapshot()) == recomputed(store, clock.now)
+        store.attempt_event(
+            "a1-end-late",
+            AttemptEventIn(
+                training_job="j", attempt=1, event="ended", outcome="cancelled", at=NOW + 650
+            ),
+        )
+        job = store.snapshot().jobs["j"]
+        assert job.attempts[("initial", "cancelled", "torchrun")] == 1
+        assert comparable(store.snapshot()) == recomputed(store, clock.now)
+    finally:
+        store.close()

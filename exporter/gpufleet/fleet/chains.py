@@ -11,6 +11,13 @@ fails and collects the automatic attempts that follow. It ends
 
 A chain still open has ``failed_attempts`` automatic attempts that failed so
 far: the number an on-call engineer wants to see before the fourth try.
+
+An attempt that never sent ``ended`` (killed by SIGKILL, its node lost) is not
+running for ever: once a later attempt of the same job has started, it is read
+as failed at that attempt's start, cause ``superseded`` (``settle_superseded``).
+The stored row keeps what was sent, so an ``ended`` that arrives late still
+wins; every reader (the counters, their recomputation, the report) settles the
+rows the same way, through ``job_history`` or ``settle_superseded``.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 DEFAULT_HEALTHY_AFTER_S = 1800.0
+SUPERSEDED = "superseded"  # the cause of an attempt read as failed because a later one started
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +61,21 @@ class JobHistory:
         return None
 
 
+def settle_superseded(attempts: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """One job's attempts in number order, each one with no end that a later attempt
+    followed read as failed at the next attempt's start (never before its own start),
+    cause ``superseded``. The rows given are not changed; settled ones are copies."""
+    ordered = sorted(attempts, key=lambda a: int(a["attempt"]))
+    settled: list[Mapping[str, Any]] = []
+    for attempt, following in zip(ordered, [*ordered[1:], None], strict=True):
+        if following is not None and attempt.get("ended_at") is None:
+            end = max(float(following["started_at"]), float(attempt["started_at"]))
+            settled.append({**attempt, "ended_at": end, "outcome": "failed", "cause": SUPERSEDED})
+        else:
+            settled.append(attempt)
+    return settled
+
+
 def attempt_recovered(attempt: Mapping[str, Any], now: float, healthy_after: float) -> bool:
     """Did this attempt recover the job: it reached its first step, then finished
     successfully or ran for ``healthy_after`` seconds (by its end, or by ``now``)?
@@ -72,8 +95,8 @@ def job_history(
     now: float,
     healthy_after: float = DEFAULT_HEALTHY_AFTER_S,
 ) -> JobHistory:
-    """Recoveries and chains of one job, from its attempts in order."""
-    ordered = sorted(attempts, key=lambda a: int(a["attempt"]))
+    """Recoveries and chains of one job, from its attempts (settled: see above)."""
+    ordered = settle_superseded(attempts)
     history = JobHistory()
     previous: Mapping[str, Any] | None = None
     for attempt in ordered:

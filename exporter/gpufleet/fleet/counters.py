@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpufleet.fleet.chains import DEFAULT_HEALTHY_AFTER_S, job_history
+from gpufleet.fleet.chains import DEFAULT_HEALTHY_AFTER_S, job_history, settle_superseded
 
 DOWNTIME_BUCKETS = (60.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 14400.0, 43200.0, 86400.0)
 CHAIN_OUTCOMES = ("recovered", "manual", "abandoned")
@@ -76,8 +76,9 @@ def summarise_job(
     now: float,
     healthy_after: float = DEFAULT_HEALTHY_AFTER_S,
 ) -> JobSummary:
-    """One job's exported values from its attempts (all of them, any order)."""
-    rows = list(attempts)
+    """One job's exported values from its attempts (all of them, any order); an attempt
+    a later one superseded counts as failed (``chains.settle_superseded``)."""
+    rows = settle_superseded(attempts)
     counts: Counter[tuple[str, str, str]] = Counter(
         (str(a["trigger"]), str(a["outcome"] or "running"), str(a.get("source") or "manual"))
         for a in rows
