@@ -17,7 +17,9 @@ from pydantic import BaseModel, ValidationError
 
 from gpufleet import __version__, web
 from gpufleet.exposition import CONTENT_TYPE
+from gpufleet.fleet.alertmanager import IgnoredAlerts, IncidentPolicy, receive
 from gpufleet.fleet.chains import histories
+from gpufleet.fleet.incidents import IncidentCollector, IncidentStore
 from gpufleet.fleet.metrics import LedgerCollector, Rejections
 from gpufleet.fleet.models import AttemptEventIn, ExclusionIn, ReleaseIn
 from gpufleet.fleet.store import (
@@ -153,6 +155,26 @@ def _add_writes(app: FastAPI, store: LedgerStore, access: Access, rejections: Re
     route("/v1/attempts", AttemptEventIn, store.submit_attempt_event, "Record a job attempt event")
 
 
+def _add_webhook(
+    app: FastAPI,
+    incidents: IncidentStore,
+    access: Access,
+    rejections: Rejections,
+    *,
+    policy: IncidentPolicy,
+    ignored: IgnoredAlerts,
+) -> None:
+    writes = access.writes()
+
+    @app.post("/v1/alertmanager", summary="Record Alertmanager's pages as incidents (webhook)")
+    async def alertmanager(request: Request) -> Response:
+        try:
+            return await receive(request, incidents, writes, policy, ignored)
+        except web.Refusal as refusal:
+            rejections.add(refusal.reason)
+            return refusal.response()
+
+
 def _paged(request: Request, fetch: Callable[[], Page]) -> Response:
     """One page as a JSON list; a ``Link: <...>; rel="next"`` header when more follow."""
     try:
@@ -168,6 +190,58 @@ def _paged(request: Request, fetch: Callable[[], Page]) -> Response:
 
 Limit = Annotated[int, Query(ge=1, le=PAGE_MAX, description="rows per page")]
 Cursor = Annotated[str | None, Query(description="from the previous page's Link header")]
+Since = Annotated[float | None, Query(description="Unix time")]
+Window = Annotated[
+    float | None,
+    Query(
+        gt=0,
+        le=366 * 86400,
+        description="seconds after a page within which an exclusion of its node is its "
+        "consequence (default: the ledger's, 24 h)",
+    ),
+]
+
+
+def _add_incident_reads(app: APIRouter, incidents: IncidentStore, policy: IncidentPolicy) -> None:
+    @app.get("/v1/incidents")
+    def list_incidents(
+        request: Request,
+        *,
+        node: str | None = None,
+        since: Since = None,
+        until: Since = None,
+        window: Window = None,
+        limit: Limit = PAGE_DEFAULT,
+        cursor: Cursor = None,
+    ) -> Response:
+        """Pages by start, each with the exclusion it led to and how long after."""
+        span = window or policy.link_window_s
+        return _paged(
+            request,
+            lambda: incidents.page(
+                node, since=since, until=until, limit=limit, cursor=cursor, window=span
+            ),
+        )
+
+    @app.get("/v1/exclusions/unpaged")
+    def unpaged_exclusions(
+        request: Request,
+        *,
+        node: str | None = None,
+        since: Since = None,
+        until: Since = None,
+        window: Window = None,
+        limit: Limit = PAGE_DEFAULT,
+        cursor: Cursor = None,
+    ) -> Response:
+        """Exclusions no page led to: nodes that failed silently."""
+        span = window or policy.link_window_s
+        return _paged(
+            request,
+            lambda: incidents.unpaged_exclusions_page(
+                node, since=since, until=until, limit=limit, cursor=cursor, window=span
+            ),
+        )
 
 
 def _add_reads(app: APIRouter, store: LedgerStore, clock: Callable[[], float]) -> None:
@@ -235,6 +309,7 @@ def create_app(
     *,
     read_token: str | None = None,
     allow_unauthenticated_writes: bool = False,
+    incident_policy: IncidentPolicy | None = None,
 ) -> FastAPI:
     """The ledger's API over ``store``.
 
@@ -242,12 +317,18 @@ def create_app(
     from loopback unless ``allow_unauthenticated_writes``. Reads under ``/v1``
     need ``token`` or ``read_token`` as soon as either is set, and are open
     when neither is. ``/metrics``, ``/healthz`` and ``/readyz`` stay open for
-    Prometheus and the kubelet: they carry counts, never notes.
+    Prometheus and the kubelet: they carry counts, never notes. Alertmanager's
+    webhook (``/v1/alertmanager``) is a write: it sends the write token as a bearer;
+    ``incident_policy`` says which alerts are pages and the link window.
     """
     access = Access(token, read_token, allow_unauthenticated_writes)
     rejections = Rejections()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(LedgerCollector(store, rejections))
+    policy = incident_policy or IncidentPolicy()
+    incidents = IncidentStore(store)
+    ignored = IgnoredAlerts()
+    registry.register(IncidentCollector(incidents, ignored.snapshot))
     app = FastAPI(title="gpufleet fleet ledger", version=__version__, redoc_url=None)
 
     def require_read(request: Request) -> None:
@@ -260,8 +341,10 @@ def create_app(
             )
 
     _add_writes(app, store, access, rejections)
+    _add_webhook(app, incidents, access, rejections, policy=policy, ignored=ignored)
     reads = APIRouter(dependencies=[Depends(require_read)])
     _add_reads(reads, store, clock)
+    _add_incident_reads(reads, incidents, policy)
     app.include_router(reads)
 
     @app.get("/healthz")

@@ -67,6 +67,22 @@ LABEL_VALUES_LIMIT = MetricDef(
     "The cap on distinct values of each label; a write beyond it is refused (429).",
     ("label",),
 )
+INCIDENTS = MetricDef(
+    "gpufleet_fleet_incidents_total",
+    "counter",
+    "Pages recorded as incidents (critical alerts of a node, from Alertmanager's webhook), "
+    "by alert name; one per alert however often Alertmanager re-sent it. Alert names past "
+    "the 64th are counted under alertname=\"_other\".",
+    ("alertname",),
+)
+WEBHOOK_ALERTS_IGNORED = MetricDef(
+    "gpufleet_fleet_webhook_alerts_ignored_total",
+    "counter",
+    "Alerts in Alertmanager notifications the ledger did not record, by reason: not_a_page "
+    "(not of a paging severity, or no node label), invalid (a node, alert name or job it "
+    "cannot store as sent).",
+    ("reason",),
+)
 
 LEDGER_FAMILIES = (
     EXCLUSIONS,
@@ -79,4 +95,6 @@ LEDGER_FAMILIES = (
     WRITES_REJECTED,
     LABEL_VALUES,
     LABEL_VALUES_LIMIT,
+    INCIDENTS,
+    WEBHOOK_ALERTS_IGNORED,
 )
