@@ -54,6 +54,9 @@ def test_every_flag_has_an_environment_variable(monkeypatch: pytest.MonkeyPatch)
         GPUFLEET_MAX_BODY_BYTES="500000",
         GPUFLEET_MAX_CONNECTIONS="100",
         GPUFLEET_MAX_CONNECTIONS_PER_CLIENT="10",
+        GPUFLEET_LEDGER_URL="http://ledger:9406",
+        GPUFLEET_LEDGER_TOKEN_FILE="/run/secrets/ledger",
+        GPUFLEET_LEDGER_QUEUE_SIZE="64",
     )
     assert values == {
         "listen": ("127.0.0.1", 9999),
@@ -73,6 +76,9 @@ def test_every_flag_has_an_environment_variable(monkeypatch: pytest.MonkeyPatch)
         "max_ranks_per_stage": 16,
         "max_series": 1000,
         "max_batch_events": 1000,
+        "ledger_url": "http://ledger:9406",
+        "ledger_token_file": "/run/secrets/ledger",
+        "ledger_queue_size": 64,
         "max_body_bytes": 500000,
         "max_connections": 100,
         "max_connections_per_client": 10,
@@ -98,6 +104,9 @@ def test_every_flag_has_an_environment_variable(monkeypatch: pytest.MonkeyPatch)
         "GPUFLEET_MAX_BODY_BYTES",
         "GPUFLEET_MAX_CONNECTIONS",
         "GPUFLEET_MAX_CONNECTIONS_PER_CLIENT",
+        "GPUFLEET_LEDGER_URL",
+        "GPUFLEET_LEDGER_TOKEN_FILE",
+        "GPUFLEET_LEDGER_QUEUE_SIZE",
     }
 
 

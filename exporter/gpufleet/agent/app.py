@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from gpufleet import __version__
 from gpufleet.agent.connections import ConnectionGuard, ConnectionLimits, protocol_for
+from gpufleet.agent.ledger_forward import AttemptRelay, ForwardSettings, LedgerForwarder
 from gpufleet.agent.metrics_endpoint import MetricsEndpoint, Receive, Scope, Send
 from gpufleet.agent.selfmetrics import AgentSelfCollector, ScrapeStats
 from gpufleet.agent.training_aggregate import IngestLimits, TrainingAggregator
@@ -46,6 +47,8 @@ class AgentSettings:
     limits: IngestLimits = field(default_factory=IngestLimits)
     node_label: str = "Hostname"  # dcgm-exporter's: Hostname (releases) or hostname (main)
     connections: ConnectionLimits = field(default_factory=ConnectionLimits)
+    # Where the ranks' job attempt events go (None: counted as unforwarded, not sent).
+    ledger: ForwardSettings | None = None
 
 
 class Agent:
@@ -70,6 +73,8 @@ class Agent:
         self._started = False
         self.training = TrainingAggregator(settings.node, settings.limits, clock)
         self.connections = ConnectionGuard(settings.connections)
+        forwarder = LedgerForwarder(settings.ledger) if settings.ledger is not None else None
+        self.attempts = AttemptRelay(forwarder)
 
     def _nvml(self) -> NvmlApi:
         if self._nvml_override is not None:
@@ -107,6 +112,7 @@ class Agent:
                 self.sampler,
                 self.scrapes,
                 connections=self.connections,
+                attempts=self.attempts.counts,
             )
         )
 
@@ -118,6 +124,8 @@ class Agent:
             self.sampler.start()
         if self._watcher is not None:
             self._watcher.start()
+        if self.attempts.forwarder is not None:
+            self.attempts.forwarder.start()
         log.info(
             "gpufleet agent %s on node %s, GPU source %s",
             __version__,
@@ -129,6 +137,8 @@ class Agent:
         if not self._started:
             return
         self._started = False
+        if self.attempts.forwarder is not None:
+            self.attempts.forwarder.stop()
         if self._watcher is not None:
             self._watcher.stop()
         if self.sampler is not None:
@@ -167,6 +177,7 @@ class Agent:
             agent.training,
             agent.settings.ingest_token,
             allow_unauthenticated=agent.settings.allow_unauthenticated_ingest,
+            attempts=agent.attempts,
         )
         api.include_router(ingest.router())
 
@@ -178,6 +189,7 @@ class Agent:
                 "/healthz   liveness\n"
                 "/readyz    readiness (first GPU snapshot taken)\n"
                 "/v1/steps, /v1/checkpoints   training-metrics ingest (POST; see /docs)\n"
+                "/v1/attempts   job attempt events, relayed to the fleet ledger (POST)\n"
             )
 
         @api.get("/healthz")

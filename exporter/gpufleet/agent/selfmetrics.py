@@ -11,6 +11,7 @@ from prometheus_client.registry import Collector
 
 from gpufleet import __version__
 from gpufleet.agent.connections import ConnectionGuard
+from gpufleet.agent.ledger_forward import AttemptCounts
 from gpufleet.gpu.reader import CallErrors
 from gpufleet.gpu.sampler import GpuSampler
 from gpufleet.schema import agent as schema
@@ -41,6 +42,7 @@ class AgentSelfCollector(Collector):
         *,
         connections: ConnectionGuard | None = None,
         started_at: float | None = None,
+        attempts: AttemptCounts | None = None,
     ) -> None:
         self._node = node
         # Made in Agent.open() with the XID ledger, so its counters count from about now.
@@ -50,6 +52,7 @@ class AgentSelfCollector(Collector):
         self._sampler = sampler
         self._scrapes = scrapes
         self._connections = connections
+        self._attempts = attempts
 
     def collect(self) -> Iterator[Metric]:
         info = schema.AGENT_INFO.gauge()
@@ -95,3 +98,16 @@ class AgentSelfCollector(Collector):
             for reason, count in sorted(self._connections.closed().items()):
                 closed.add_metric([reason], count)
             yield closed
+
+        if self._attempts is not None:
+            events = schema.ATTEMPT_EVENTS.counter()
+            for outcome, count in self._attempts.outcomes().items():
+                events.add_metric([outcome], count)
+            yield events
+            refusals = schema.ATTEMPT_REFUSALS.counter()
+            for reason, count in sorted(self._attempts.refusals().items()):
+                refusals.add_metric([reason], count)
+            yield refusals
+            queue = schema.ATTEMPT_QUEUE.gauge()
+            queue.add_metric([], self._attempts.queued)
+            yield queue

@@ -22,6 +22,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
+from gpufleet.fleet.models import AttemptEventIn
+from gpufleet.reporter.events import MAX_ATTEMPT_EVENTS
 from gpufleet.schema.labels import TrainingJob
 
 # Longest step / checkpoint operation that is still plausible. Anything longer is
@@ -146,3 +148,12 @@ class FinishedEvent(_Strict):
 class FinishedBatch(_Strict):
     events: list[FinishedEvent]
     dropped: Annotated[int, Field(ge=0, le=1 << 40)] = 0
+
+
+class AttemptBatch(BaseModel):
+    """Job attempt events (started, first_step, ended) the agent relays to the fleet ledger:
+    each is what the ledger takes (``gpufleet.fleet.models.AttemptEventIn``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    events: Annotated[list[AttemptEventIn], Field(min_length=1, max_length=MAX_ATTEMPT_EVENTS)]

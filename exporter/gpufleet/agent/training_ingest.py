@@ -1,4 +1,5 @@
-"""The ingest API: ``POST /v1/steps``, ``POST /v1/checkpoints`` and ``POST /v1/finished``.
+"""The ingest API: ``POST /v1/steps``, ``POST /v1/checkpoints``, ``POST /v1/finished`` and
+``POST /v1/attempts`` (job attempt events, relayed to the fleet ledger).
 
 Bodies are read with a size limit and a concurrency limit, parsed once by the
 standard JSON parser (which also refuses duplicate keys: the last one would
@@ -26,10 +27,12 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
 from gpufleet import web
+from gpufleet.agent.ledger_forward import AttemptRelay
 from gpufleet.agent.training_aggregate import CapExceededError, TrainingAggregator
-from gpufleet.agent.training_events import CheckpointBatch, FinishedBatch, StepBatch
+from gpufleet.agent.training_events import AttemptBatch, CheckpointBatch, FinishedBatch, StepBatch
+from gpufleet.reporter.events import ATTEMPTS_PATH
 
-BatchT = TypeVar("BatchT", StepBatch, CheckpointBatch, FinishedBatch)
+BatchT = TypeVar("BatchT", StepBatch, CheckpointBatch, FinishedBatch, AttemptBatch)
 
 
 def _refused_indices(error: ValidationError) -> list[int]:
@@ -51,8 +54,10 @@ class IngestApi:
         token: str | None = None,
         *,
         allow_unauthenticated: bool = False,
+        attempts: AttemptRelay | None = None,
     ) -> None:
         self.aggregator = aggregator
+        self.attempts = attempts if attempts is not None else AttemptRelay()
         self._guard = web.WriteGuard(
             token,
             allow_unauthenticated,
@@ -100,6 +105,17 @@ class IngestApi:
             summary="Record that ranks finished training",
             description="Body: `FinishedBatch`. Sent by the client when it closes, so that "
             "a job that ended is not reported as hung.",
+        )
+        attempts = self.attempts
+        self._route(
+            router,
+            ATTEMPTS_PATH.removeprefix("/v1"),
+            AttemptBatch,
+            lambda batch: attempts.submit(batch.events),
+            summary="Record job attempt events (relayed to the fleet ledger)",
+            description="Body: `AttemptBatch`. Queued and written to the ledger given by "
+            "--ledger-url, each once (its Idempotency-Key comes from the event); accepted and "
+            "counted as unforwarded when the agent has no ledger.",
         )
         return router
 

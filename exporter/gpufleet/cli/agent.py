@@ -5,9 +5,13 @@ from __future__ import annotations
 import argparse
 import socket
 import sys
+from typing import TYPE_CHECKING
 
 from gpufleet.cli import kinds, resolve
 from gpufleet.cli.options import Command, ConfigError, Option, env, log_level_option, variables
+
+if TYPE_CHECKING:
+    from gpufleet.agent.ledger_forward import ForwardSettings
 
 # fmt: off
 AGENT_OPTIONS = variables("GPUFLEET_", (
@@ -35,6 +39,14 @@ AGENT_OPTIONS = variables("GPUFLEET_", (
     Option("--allow-unauthenticated-ingest", kinds.boolean, "false",
            "without a token, accept training events from beyond loopback too (by default only "
            "loopback clients may write when no token is set)", switch=True),
+    Option("--ledger-url", kinds.text, None,
+           "the fleet ledger (gpufleet fleet serve) to write the ranks' job attempt events to, "
+           "e.g. http://gpufleet-fleet:9406 (default: none; the events are only counted)"),
+    Option("--ledger-token-file", kinds.text, None,
+           "file holding the ledger's write token (a mounted Secret); the token may also come "
+           "from $GPUFLEET_LEDGER_TOKEN, never from a flag"),
+    Option("--ledger-queue-size", kinds.positive_int, "1024",
+           "attempt events held while the ledger is slow or down; beyond it they drop"),
     Option("--job-ttl", kinds.ttl_seconds, "900",
            "seconds after which a training job that stopped reporting is forgotten"),
     Option("--max-jobs", kinds.positive_int, "16", "training jobs tracked at once"),
@@ -74,6 +86,33 @@ def ingest_token(token_file: str | None) -> str | None:
     return resolve.read_secret("--ingest-token-file", token_file)
 
 
+def ledger_settings(values: argparse.Namespace) -> ForwardSettings | None:
+    """Where the agent writes job attempt events: --ledger-url with its token (from
+    --ledger-token-file / GPUFLEET_LEDGER_TOKEN_FILE, else GPUFLEET_LEDGER_TOKEN)."""
+    from gpufleet.agent.ledger_forward import ForwardSettings
+
+    from_env = env("GPUFLEET_LEDGER_TOKEN")
+    if values.ledger_token_file is not None and from_env:
+        raise ConfigError(
+            "both a ledger token file (--ledger-token-file / GPUFLEET_LEDGER_TOKEN_FILE) and "
+            "GPUFLEET_LEDGER_TOKEN are set; keep one"
+        )
+    if values.ledger_token_file is not None:
+        token: str | None = resolve.read_secret("--ledger-token-file", values.ledger_token_file)
+    else:
+        token = from_env.strip() if from_env else None
+    url = values.ledger_url
+    if url is None:
+        if token:
+            raise ConfigError("a ledger token is set but no --ledger-url (GPUFLEET_LEDGER_URL)")
+        return None
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(
+            f"--ledger-url (GPUFLEET_LEDGER_URL) {url!r} is not an http:// or https:// URL"
+        )
+    return ForwardSettings(url, token, queue_size=values.ledger_queue_size)
+
+
 def run_agent(values: argparse.Namespace) -> int:
     from gpufleet.agent.app import AgentSettings
     from gpufleet.agent.connections import ConnectionLimits
@@ -92,6 +131,7 @@ def run_agent(values: argparse.Namespace) -> int:
         ingest_token=ingest_token(values.ingest_token_file),
         limits=resolve.settings(IngestLimits, values, job_ttl_s=values.job_ttl),
         connections=resolve.settings(ConnectionLimits, values),
+        ledger=ledger_settings(values),
     )
     return start(agent, values.log_level)
 

@@ -8,7 +8,9 @@ Standard library only.
 
 from __future__ import annotations
 
+import hashlib
 import math
+import re
 from typing import Literal, NamedTuple
 
 Phase = Literal["train", "eval", "checkpoint"]
@@ -58,6 +60,70 @@ class RankFinished(NamedTuple):
 
 
 Event = StepEvent | CheckpointEvent | RankFinished
+
+# -- job attempts: the client tells its agent, the agent writes them to the fleet ledger --
+
+# The agent's path for attempt events, the same as the ledger's (the agent relays them).
+ATTEMPTS_PATH = "/v1/attempts"
+AttemptStage = Literal["started", "first_step", "ended"]
+Trigger = Literal["initial", "auto", "manual"]
+Outcome = Literal["success", "failed", "cancelled"]
+# The launcher that numbered the attempt: the ledger's ``source`` label.
+AttemptSource = Literal["torchrun", "slurm", "manual"]
+MAX_ATTEMPT_EVENTS = 16  # per request to the agent: a client has at most three pending
+MAX_CAUSE_LENGTH = 64  # the ledger's Reason
+_CAUSE_UNSAFE = re.compile(r"[^A-Za-z0-9_.:-]")
+_KEY_SAFE = re.compile(r"^[A-Za-z0-9._:-]+$")
+_MAX_KEY_LENGTH = 128  # the ledger's Idempotency-Key
+
+
+class AttemptEvent(NamedTuple):
+    """One step of an attempt's life, as the ledger takes it (``at``: Unix seconds, taken
+    when it happened, so a relay that retries never moves it)."""
+
+    training_job: str
+    attempt: int
+    event: AttemptStage
+    source: AttemptSource
+    at: float
+    trigger: Trigger | None = None  # started only
+    outcome: Outcome | None = None  # ended only
+    cause: str | None = None  # ended only, where known
+
+
+def attempt_json(event: AttemptEvent) -> dict[str, object]:
+    """The agent's (and the ledger's) JSON for one attempt event."""
+    payload: dict[str, object] = {
+        "training_job": event.training_job,
+        "attempt": event.attempt,
+        "event": event.event,
+        "source": event.source,
+        "at": event.at,
+    }
+    for name in ("trigger", "outcome", "cause"):
+        value = getattr(event, name)
+        if value is not None:
+            payload[name] = value
+    return payload
+
+
+def cause_name(text: str) -> str:
+    """``text`` (an exception's class name, a signal's name) as the ledger's Reason."""
+    cleaned = _CAUSE_UNSAFE.sub("_", text)
+    if not cleaned or not cleaned[0].isalnum():
+        cleaned = "x" + cleaned
+    return cleaned[:MAX_CAUSE_LENGTH]
+
+
+def attempt_key(source: str, training_job: str, attempt: int, event: str) -> str:
+    """The ledger's Idempotency-Key of one attempt event: ``<source>:<job>:<attempt>:<event>``,
+    the same from every rank, agent and retry, so the ledger stores the event once. A job id
+    with characters a key may not hold (``@/+=``), or one too long, is replaced by a hash."""
+    key = f"{source}:{training_job}:{attempt}:{event}"
+    if _KEY_SAFE.match(training_job) and len(key) <= _MAX_KEY_LENGTH:
+        return key
+    digest = hashlib.sha256(training_job.encode()).hexdigest()[:40]
+    return f"{source}:h{digest}:{attempt}:{event}"
 
 
 class InvalidEventError(ValueError):

@@ -48,11 +48,15 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar
 
+from gpufleet.reporter.attempts import AttemptLifecycle, claim, launched_attempt
 from gpufleet.reporter.events import (
+    ATTEMPTS_PATH,
     MAX_ATTEMPT,
+    MAX_ATTEMPT_EVENTS,
     MAX_BATCH_EVENTS,
     MAX_RANK,
     MAX_STAGE,
+    AttemptEvent,
     CheckpointEvent,
     CheckpointOp,
     Event,
@@ -60,6 +64,7 @@ from gpufleet.reporter.events import (
     Phase,
     RankFinished,
     StepEvent,
+    attempt_json,
     checkpoint_json,
     step_json,
     whole,
@@ -328,6 +333,7 @@ class Reporter:
         self._warned: dict[str, float] = {}
         self._count_lock = threading.Lock()
         self._collectives: CollectiveWait | NoCollectives | None = None
+        self._forget_attempt()
 
         self.dropped = 0  # events dropped and not yet reported to the agent
         self.dropped_total = 0
@@ -337,9 +343,31 @@ class Reporter:
         if enabled and not self._identity_is_valid():
             self.enabled = enabled = False
         if enabled:
-            atexit.register(self.close)
-            if hasattr(os, "register_at_fork"):
-                os.register_at_fork(after_in_child=self._after_fork)
+            self._watch_process()
+
+    def _forget_attempt(self) -> None:
+        # Attempt events wait here, apart from the steps, so that ``ended`` (sent at once
+        # from whatever thread sees the end) can take what is still unsent along with it.
+        self._attempt_outbox: deque[AttemptEvent] = deque()
+        self._attempt_lock = threading.Lock()
+        self._attempt: AttemptLifecycle | None = None
+        self._first_step_pending = False  # the one check a step pays for attempts
+
+    def _watch_process(self) -> None:
+        """Close at exit, start afresh in a forked child; and, when a launcher numbered this
+        attempt, tell the agent it started and watch for its first step and its end
+        (``gpufleet.reporter.attempts``)."""
+        atexit.register(self.close)
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._after_fork)
+        launched = launched_attempt()
+        if launched is not None:
+            self._attempt = claim(
+                self.training_job, launched, self.rank, self._queue_attempt, self._send_now
+            )
+        if self._attempt is not None:
+            self._first_step_pending = self._attempt.lead
+            self._attempt.started()
 
     def _identity_is_valid(self) -> bool:
         try:
@@ -416,6 +444,10 @@ class Reporter:
 
         On a watched model (``watch``) the collective wait since the previous step is
         added to ``comm_wait_s`` and, unless given, compute is the rest of the step."""
+        if self._first_step_pending:
+            self._first_step_pending = False
+            if self._attempt is not None:
+                self._attempt.first_step()
         if step is None:
             step = next(self._step_counter)
         collectives = self._collectives
@@ -484,6 +516,7 @@ class Reporter:
         self._thread_lock = threading.Lock()
         self._idle = threading.Condition()
         self._in_flight = 0
+        self._forget_attempt()  # the child is not the attempt (attempts.py)
 
     def _run(self) -> None:
         backoff = 0.0
@@ -503,6 +536,10 @@ class Reporter:
     def _drain(self) -> bool | None:
         """Send everything buffered. False: the agent is unreachable (retry later)."""
         result: bool | None = None
+        if self._attempt_outbox:
+            if not self._send_queued_attempts():
+                return False
+            result = True
         while self._buffer:
             taken = self._take()
             try:
@@ -610,6 +647,84 @@ class Reporter:
             return True
         return True
 
+    # -- attempt events --------------------------------------------------------------
+
+    def _queue_attempt(self, event: AttemptEvent) -> None:
+        if not self.enabled:
+            return
+        if len(self._attempt_outbox) < MAX_ATTEMPT_EVENTS:
+            self._attempt_outbox.append(event)
+        if self._thread is None:
+            self._start_thread()
+        self._wake.set()
+
+    def _send_queued_attempts(self) -> bool:
+        """Send the queued attempt events (sender thread). False: retry later."""
+        with self._attempt_lock:
+            events = list(self._attempt_outbox)
+            if not events:
+                return True
+            if not self._send_attempts(events, self._post):
+                return False
+            for _ in events:
+                self._attempt_outbox.popleft()
+        return True
+
+    def _send_now(self, events: list[AttemptEvent], budget: float) -> bool:
+        """Send ``events`` (an attempt's end) at once from the calling thread, after what is
+        still queued, on a connection of their own; for at most about ``budget`` seconds."""
+        deadline = time.monotonic() + budget
+        locked = self._attempt_lock.acquire(timeout=max(0.0, budget / 2))
+        try:
+            if locked:
+                events = [*self._attempt_outbox, *events]
+
+            def post(path: str, body: bytes) -> tuple[int, bytes] | None:
+                # one socket timeout per step (connect, send, read): about the budget in all
+                remaining = max(0.05, (deadline - time.monotonic()) / 2)
+                return self._post_on_new_connection(path, body, remaining)
+
+            sent = self._send_attempts(events, post)
+            if sent and locked:
+                self._attempt_outbox.clear()
+            return sent
+        finally:
+            if locked:
+                self._attempt_lock.release()
+
+    def _send_attempts(
+        self,
+        events: list[AttemptEvent],
+        post: Callable[[str, bytes], tuple[int, bytes] | None],
+    ) -> bool:
+        """POST attempt events to the agent. False: unreachable or failing (retry later); a
+        refusal (an agent too old to know attempts, a bad token) drops them, logged."""
+        body = json.dumps({"events": [attempt_json(event) for event in events]}).encode()
+        answer = post(ATTEMPTS_PATH, body)
+        if answer is None or answer[0] >= 500:
+            return False
+        status, text = answer
+        if status >= 300:
+            self._warn(
+                f"attempts-http-{status}",
+                f"the agent at {self.agent_url} refused {len(events)} job attempt events with "
+                f"HTTP {status} ({_detail(text)}); they are dropped",
+            )
+        return True
+
+    def _post_on_new_connection(
+        self, path: str, body: bytes, timeout: float
+    ) -> tuple[int, bytes] | None:
+        connection = http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+        try:
+            connection.request("POST", self._base_path + path, body, self._headers)
+            response = connection.getresponse()
+            return response.status, response.read()
+        except (OSError, http.client.HTTPException):
+            return None
+        finally:
+            connection.close()
+
     def _step_json(self, event: StepEvent) -> dict[str, object]:
         return step_json(
             event,
@@ -663,7 +778,7 @@ class Reporter:
         deadline = time.monotonic() + timeout
         self._wake.set()
         with self._idle:
-            while self._buffer or self._in_flight:
+            while self._buffer or self._in_flight or self._attempt_outbox:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False
@@ -678,7 +793,10 @@ class Reporter:
         if not self.enabled or self._thread is None:
             return not self._buffer  # nothing was ever recorded: nothing to finish
         self._push(_FINISHED)
-        return self.flush(timeout)
+        flushed = self.flush(timeout)
+        if self._attempt is not None:
+            self._attempt.succeeded()
+        return flushed
 
     def close(self) -> None:
         """Finish, flush (for at most ``exit_timeout``) and stop the sender. Called at exit."""
@@ -693,6 +811,8 @@ class Reporter:
         if self._connection is not None:
             self._connection.close()
             self._connection = None
+        if self._attempt is not None:
+            self._attempt.detach()
         self.enabled = False
         atexit.unregister(self.close)
 

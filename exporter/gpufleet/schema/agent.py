@@ -98,6 +98,30 @@ CONNECTIONS_CLOSED = MetricDef(
     ("reason",),
 )
 
+# -- job attempt events relayed to the fleet ledger ----------------------------------
+
+ATTEMPT_EVENTS = MetricDef(
+    "gpufleet_agent_attempt_events_total",
+    "counter",
+    "Job attempt events from training ranks, by what became of them: received, forwarded "
+    "(the ledger stored it), duplicate (already queued here, or the ledger holds its key), "
+    "refused (the ledger answered another 4xx), failed (the ledger could not be written in "
+    "time), dropped (queue full), unforwarded (no --ledger-url).",
+    ("outcome",),
+)
+ATTEMPT_REFUSALS = MetricDef(
+    "gpufleet_agent_attempt_refusals_total",
+    "counter",
+    "Job attempt events the ledger refused, by reason (unauthorized, forbidden, invalid, "
+    "ledger_cap, ...).",
+    ("reason",),
+)
+ATTEMPT_QUEUE = MetricDef(
+    "gpufleet_agent_attempt_queue",
+    "gauge",
+    "Job attempt events waiting to be written to the fleet ledger.",
+)
+
 INGEST_FAMILIES = (
     INGEST_ACCEPTED,
     INGEST_REJECTED,
@@ -118,4 +142,7 @@ SELF_FAMILIES = (
     SCRAPE_DURATION,
     CONNECTIONS,
     CONNECTIONS_CLOSED,
+    ATTEMPT_EVENTS,
+    ATTEMPT_REFUSALS,
+    ATTEMPT_QUEUE,
 )
