@@ -32,9 +32,10 @@ log = logging.getLogger(__name__)
 # received: taken from a rank; forwarded: the ledger stored it (or had stored the same
 # body under its key: LedgerClient does not say which); duplicate: its key was queued here
 # before, or the ledger holds it for another body (409); refused: the ledger answered
-# another 4xx (the reason in gpufleet_agent_attempt_refusals_total); failed: the ledger
-# could not be written for retry_for_s; dropped: the queue was full; unforwarded: this
-# agent has no --ledger-url.
+# another 4xx, or a 409 for an attempt it never saw start (the reason in
+# gpufleet_agent_attempt_refusals_total: not_started, unauthorized, ledger_cap, ...);
+# failed: the ledger could not be written for retry_for_s; dropped: the queue was full;
+# unforwarded: this agent has no --ledger-url.
 OUTCOMES = (
     "received",
     "forwarded",
@@ -54,6 +55,7 @@ _REFUSALS = {
     429: "ledger_cap",  # the ledger's label caps: waiting does not clear them
 }
 _RETRIED = (408, 425, 503)  # the ledger says: nothing stored, try again
+_NEVER_STARTED = "was never started"  # the ledger's 409 for an attempt it does not hold
 _REMEMBERED_KEYS = 4096
 _WARN_EVERY_S = 60.0
 
@@ -246,6 +248,12 @@ class LedgerForwarder:
             if status is None or status >= 500 or status in _RETRIED:
                 self._warn("retry", f"attempt event {pending.key} not written, retrying: {error}")
                 return "retry"
+            if status == 409 and _NEVER_STARTED in str(error):
+                # a first step or an end whose start the ledger never got (rank 0 died
+                # before telling it, or its start was refused): not stored, said so
+                self.counts.refused("not_started")
+                self._warn("not-started", f"the ledger refused {pending.key}: {error}")
+                return "refused"
             if status == 409:
                 self.counts.add("duplicate")
                 return "duplicate"
