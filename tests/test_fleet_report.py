@@ -90,11 +90,12 @@ def test_report_from_simulated_history_and_ledger(
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    assert "[########################] 6/6" in result.stderr  # the progress bar
+    assert "[########################] 7/7" in result.stderr  # the progress bar
     text = (out / "report.md").read_text()
     for heading in (
         "Exclusion leaderboard and concentration",
         "Incidents by cause",
+        "Pages and the exclusions they led to",
         "Fail-slow episodes per node",
         "Checkpoint queue wait",
         "Automatic vs manual recovery",
@@ -167,3 +168,95 @@ def test_the_report_counts_a_retry_recovered_exactly_when_its_chain_recovers(
     chains = [c for h in histories(attempts, until, healthy_after).values() for c in h.chains]
     assert tried == sum(len(chain.attempts) for chain in chains) == 5
     assert recovered == sum(chain.outcome == "recovered" for chain in chains) == 2
+
+
+def test_the_report_computes_the_seed_figures_from_a_ledger_filled_through_its_api(
+    tmp_path: Path,
+    serve_asgi: Callable[..., Any],
+    prometheus_factory: Callable[..., PrometheusServer],
+) -> None:
+    """Chain success rate, median retry interval, median downtime auto vs manual, top-3
+    share, and which exclusions a page led to: from writes as the sources make them."""
+    from gpufleet.fleet.ledger_client import LedgerClient
+
+    store = LedgerStore(tmp_path / "fleet.db")
+    ledger = serve_asgi(create_app(store))
+    client = LedgerClient(ledger.url, token="")
+    end = float(int(time.time()) // 60 * 60)
+    t0 = end - 20 * 3600
+
+    def attempts(job: str, source: str, *rows: tuple[str, float, float | None, float, str]) -> None:
+        for number, (trigger, start, first, stop, outcome) in enumerate(rows, start=1):
+            client.attempt(job, number, "started", trigger=trigger, at=start, source=source)
+            if first is not None:
+                client.attempt(job, number, "first_step", at=first, source=source)
+            client.attempt(job, number, "ended", outcome=outcome, at=stop, source=source)
+
+    h = 3600.0
+    # a: fails, retried 600 s later, steps 900 s after the failure, recovers (a chain recovered)
+    attempts("llm-a", "torchrun", ("initial", t0, t0 + 60, t0 + h, "failed"),
+             ("auto", t0 + h + 600, t0 + h + 900, t0 + 4 * h, "success"))  # fmt: skip
+    # b: retried after 1200 s (steps 1500 s after), fails again, retried after 300 s and
+    # never steps, then a person restarts it 3000 s later (steps 3600 s after): chain manual
+    b1 = t0 + h
+    b2 = b1 + 1500 + 100
+    b3 = b2 + 300 + 50
+    attempts("llm-b", "slurm", ("initial", t0, t0 + 60, b1, "failed"),
+             ("auto", b1 + 1200, b1 + 1500, b2, "failed"),
+             ("auto", b2 + 300, None, b3, "failed"),
+             ("manual", b3 + 3000, b3 + 3600, b3 + 4 * h, "success"))  # fmt: skip
+    # c: retried after 60 s, steps 120 s after the failure, recovers
+    attempts("llm-c", "torchrun", ("initial", t0, t0 + 60, t0 + 2 * h, "failed"),
+             ("auto", t0 + 2 * h + 60, t0 + 2 * h + 120, t0 + 6 * h, "success"))  # fmt: skip
+
+    def page(node: str, alertname: str, at: float, fingerprint: str) -> None:
+        labels = {"alertname": alertname, "severity": "critical", "node": node}
+        starts = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+        alert = {"status": "firing", "fingerprint": fingerprint, "startsAt": starts,
+                 "labels": labels}  # fmt: skip
+        note = {"version": "4", "status": "firing", "receiver": "ledger", "alerts": [alert]}
+        for _ in range(2):  # Alertmanager re-sends: still one page
+            client._request("POST", "/v1/alertmanager", note)
+
+    p = t0 + 8 * h
+    page("node-a", "GpuFleetCriticalXid", p, "000000000000000a")
+    client.exclude("node-a", "xid79", at=p + 600, source="kubernetes")
+    client.release("node-a", at=p + 700)
+    client.exclude("node-a", "xid79", at=p + 800, source="manual")  # the page led to the first
+    page("node-c", "GpuFleetEccUncorrectable", p + h, "000000000000000c")
+    client.exclude("node-c", "ecc", at=p + h + 1800, source="slurm")
+    page("node-e", "GpuFleetGpuLost", p + 2 * h, "000000000000000e")  # no exclusion followed
+    client.exclude("node-b", "slow", at=p + 3 * h, source="slurm")
+    client.exclude("node-d", "maintenance", at=p + 4 * h, source="manual")
+
+    prometheus = prometheus_factory()
+    out = tmp_path / "report"
+    result = subprocess.run(
+        [sys.executable, "-m", "gpufleet", "report", "--prometheus", prometheus.url,
+         "--fleet-url", ledger.url, "--since", "1d", "--until", str(end), "--out", str(out)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    figures = json.loads((out / "figures.json").read_text())
+    text = (out / "report.md").read_text()
+    print(text)
+    assert figures["chains_closed"] == 3
+    assert figures["chain_success_rate"] == pytest.approx(2 / 3)
+    assert figures["median_retry_interval_s"] == pytest.approx(450)  # of 60, 300, 600, 1200
+    assert figures["median_downtime_auto_s"] == pytest.approx(900)  # of 120, 900, 1500
+    assert figures["median_downtime_manual_s"] == pytest.approx(3600)
+    assert figures["top3_share"] == pytest.approx(4 / 5)
+    assert figures["pages"] == 3
+    assert figures["pages_led_to_exclusion"] == 2
+    assert figures["median_page_to_exclusion_s"] == pytest.approx(1200)  # of 600 and 1800
+    assert figures["exclusions_unpaged"] == 3
+    assert figures["unpaged_share"] == pytest.approx(3 / 5)
+    assert "**retry chain success rate: 67%** (2 of 3 closed chains recovered" in text
+    assert "median retry interval: 7.5 min" in text
+    assert "median downtime: automatic 15.0 min, manual 60.0 min" in text
+    assert "**2 led to an exclusion of their node**, a median 20.0 min after" in text
+    assert "**3 of 5 exclusions (60%) had no page before them**" in text
+    assert "| node-a | 2 | 40.0% | 40.0% | kubernetes 1, manual 1 |" in text
+    assert "| slurm | 2 | 40% |" in text  # exclusions by source
+    assert "| torchrun | 2 | 0 |" in text  # restarts by source: 2 auto, no manual
+    store.close()

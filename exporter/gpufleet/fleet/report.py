@@ -1,10 +1,12 @@
 """``gpufleet report``: a postmortem / capacity-review report from the ledger and Prometheus.
 
 Sections: the exclusion leaderboard and its concentration; incidents by cause
-(XID code and exclusion reason); fail-slow episodes per node (from the
-straggler alerts Prometheus recorded); the checkpoint queue-wait share over
-time; automatic vs manual recovery (success and downtime); fleet MTBF and the
-Young/Daly checkpoint interval it implies. Markdown (or HTML) with PNG charts.
+(XID code and exclusion reason); pages and the exclusions they led to (from
+Alertmanager's webhook); fail-slow episodes per node (from the straggler alerts
+Prometheus recorded); the checkpoint queue-wait share over time; automatic vs
+manual recovery (success, retry chains, retry interval and downtime); fleet MTBF
+and the Young/Daly checkpoint interval it implies. Every event's ``source`` (the
+system that recorded it) is shown beside it. Markdown (or HTML) with PNG charts.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import html
 import itertools
 import json
 import math
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -53,6 +56,8 @@ class Progress:
 class LedgerData:
     exclusions: list[dict[str, Any]]
     attempts: list[dict[str, Any]]
+    # pages, each with the exclusion it led to (``exclusion_id``, ``exclusion_delay_s``)
+    incidents: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -137,6 +142,22 @@ class _Context:
         return [a for a in self.ledger.attempts if (a.get("started_at") or 0) < self.until]
 
 
+def _median(values: list[float]) -> float:
+    return float(statistics.median(values)) if values else float("nan")
+
+
+def _by_source(frame: Any, what: str) -> str:
+    """A table of ``frame``'s rows by their ``source``: the system that recorded each."""
+    if "source" not in frame.columns:
+        return ""
+    counts = frame.groupby("source").size().sort_values(ascending=False).rename(what)
+    table = counts.reset_index()
+    table["share"] = table[what] / int(counts.sum())
+    return f"\n{what.capitalize()} by source (the system that recorded them):\n\n" + _table(
+        table, ".0%"
+    )
+
+
 def _exclusions_section(ctx: _Context) -> str:
     exclusions = ctx.exclusions()
     figures = ctx.report.figures
@@ -155,7 +176,13 @@ def _exclusions_section(ctx: _Context) -> str:
         f"{total} exclusions on {len(board)} nodes. **The top 3 nodes account for "
         f"{top3:.0%} of all exclusions**{advice}"
     )
+    if "source" in exclusions.columns:
+        sources = exclusions.groupby("node").source.agg(
+            lambda s: ", ".join(f"{name} {n}" for name, n in s.value_counts().items())
+        )
+        leaderboard["sources"] = leaderboard.node.map(sources)
     body += _table(leaderboard.head(15), ".1%")
+    body += _by_source(exclusions, "exclusions")
 
     def draw(axes: Any) -> None:
         head = leaderboard.head(15)
@@ -202,6 +229,53 @@ def _incidents_section(ctx: _Context) -> str:
         reasons = exclusions.groupby("reason").size().sort_values(ascending=False)
         body += "\nExclusions by recorded reason:\n\n"
         body += _table(reasons.rename("exclusions").reset_index())
+    return body
+
+
+def _pages_section(ctx: _Context) -> str:
+    figures = ctx.report.figures
+    pages = [i for i in ctx.ledger.incidents if ctx.since <= float(i["started_at"]) < ctx.until]
+    figures["pages"] = len(pages)
+    if not ctx.ledger.incidents:
+        return (
+            "No pages were recorded: route Alertmanager's critical pages to the ledger's "
+            "webhook (`/v1/alertmanager`) to see which exclusions followed a page.\n"
+        )
+    led = [i for i in pages if i.get("exclusion_id") is not None]
+    delays = [float(i["exclusion_delay_s"]) for i in led]
+    figures.update(pages_led_to_exclusion=len(led), median_page_to_exclusion_s=_median(delays))
+    body = (
+        f"{len(pages)} pages (critical alerts of a node) on "
+        f"{len({i['node'] for i in pages})} nodes; **{len(led)} led to an exclusion of their "
+        f"node**, a median {_duration(_median(delays))} after the page.\n\n"
+    )
+    if pages:
+        frame = ctx.pd.DataFrame(pages)
+        frame["led"] = frame.exclusion_id.notna()
+        by_alert = frame.groupby("alertname").agg(
+            pages=("led", "size"),
+            exclusions=("led", "sum"),
+            median_delay_s=("exclusion_delay_s", "median"),
+        )
+        by_alert["median delay"] = by_alert.pop("median_delay_s").map(_duration)
+        body += _table(by_alert.sort_values("pages", ascending=False).reset_index())
+    paged = {i["exclusion_id"] for i in ctx.ledger.incidents if i.get("exclusion_id")}
+    exclusions = ctx.exclusions()
+    unpaged = exclusions[~exclusions.id.isin(paged)] if len(exclusions) else exclusions
+    figures.update(exclusions_unpaged=len(unpaged))
+    if not len(exclusions):
+        return body
+    share = len(unpaged) / len(exclusions)
+    figures["unpaged_share"] = share
+    body += (
+        f"\n**{len(unpaged)} of {len(exclusions)} exclusions ({share:.0%}) had no page "
+        "before them**: the node was taken out without a critical alert of it (a silent "
+        "failure, or a page that did not reach the ledger).\n\n"
+    )
+    if len(unpaged):
+        columns = [c for c in ("node", "reason", "source") if c in unpaged.columns]
+        silent = unpaged.groupby(columns).size().rename("exclusions").reset_index()
+        body += _table(silent.sort_values("exclusions", ascending=False).head(15))
     return body
 
 
@@ -299,17 +373,71 @@ def _recovery_section(ctx: _Context) -> str:
         summary["median downtime"] = downtime.median().map(_duration)
         summary["p90 downtime"] = downtime.quantile(0.9).map(_duration)
     body = _table(summary.reset_index(), ".0%")
+    figures = ctx.report.figures
     rates = summary["success rate"].to_dict()
     if rates.get("auto") and rates.get("manual"):
         ratio = rates["auto"] / rates["manual"]
-        ctx.report.figures["auto_vs_manual_success"] = ratio
+        figures["auto_vs_manual_success"] = ratio
         body += f"\nAutomatic retries recovered the job {ratio:.1f}x as often as manual restarts.\n"
     chains = [chain for history in jobs.values() for chain in history.chains]
     outcomes = pd.Series([chain.outcome or "open" for chain in chains]).value_counts()
     if len(outcomes):
         body += "\nRetry chains by outcome: "
         body += ", ".join(f"{name} {count}" for name, count in outcomes.items()) + "\n"
+    body += _seed_figures(ctx, attempts, chains, recoveries)
+    restarts = pd.DataFrame([a for a in attempts if a["trigger"] in ("auto", "manual")])
+    if "source" in restarts.columns:
+        by_source = restarts.groupby(["source", "trigger"]).size().unstack(fill_value=0)
+        body += "\nRestarts by source (the system that recorded them):\n\n"
+        body += _table(by_source.reset_index())
     return body
+
+
+def _seed_figures(
+    ctx: _Context, attempts: list[dict[str, Any]], chains: list[Any], recoveries: Any
+) -> str:
+    """The reliability figures a review compares across clusters, from what was recorded."""
+    closed = [chain for chain in chains if chain.outcome is not None]
+    recovered = sum(chain.outcome == "recovered" for chain in closed)
+    rate = recovered / len(closed) if closed else float("nan")
+    by_job: dict[str, dict[int, dict[str, Any]]] = {}
+    for a in attempts:
+        by_job.setdefault(str(a["training_job"]), {})[int(a["attempt"])] = a
+    intervals = [
+        float(a["started_at"]) - float(previous["ended_at"])
+        for numbered in by_job.values()
+        for number, a in numbered.items()
+        if a["trigger"] == "auto"
+        and (previous := numbered.get(number - 1)) is not None
+        and previous.get("outcome") == "failed"
+        and previous.get("ended_at") is not None
+    ]
+    downtime = {
+        trigger: _median(
+            [float(d) for d in recoveries[recoveries.trigger == trigger].downtime_s]
+            if len(recoveries)
+            else []
+        )
+        for trigger in ("auto", "manual")
+    }
+    ctx.report.figures.update(
+        chains_closed=len(closed),
+        chains_recovered=recovered,
+        chain_success_rate=rate,
+        median_retry_interval_s=_median(intervals),
+        median_downtime_auto_s=downtime["auto"],
+        median_downtime_manual_s=downtime["manual"],
+    )
+    success = f"{rate:.0%}" if closed else "n/a"
+    return (
+        f"\n- **retry chain success rate: {success}** ({recovered} of {len(closed)} closed "
+        f"chains recovered; {len(chains) - len(closed)} still open)\n"
+        f"- median retry interval: {_duration(_median(intervals))} (a failed attempt's end "
+        f"to the next automatic attempt's start, {len(intervals)} retries)\n"
+        f"- median downtime: automatic {_duration(downtime['auto'])}, manual "
+        f"{_duration(downtime['manual'])} (a failed attempt's end to the next attempt's "
+        "first step: the retry interval plus the restart's start-up)\n"
+    )
 
 
 def _mtbf_section(ctx: _Context) -> str:
@@ -364,6 +492,7 @@ def _mtbf_section(ctx: _Context) -> str:
 SECTIONS: tuple[tuple[str, Callable[[_Context], str]], ...] = (
     ("Exclusion leaderboard and concentration", _exclusions_section),
     ("Incidents by cause", _incidents_section),
+    ("Pages and the exclusions they led to", _pages_section),
     ("Fail-slow episodes per node", _fail_slow_section),
     ("Checkpoint queue wait", _checkpoint_section),
     ("Automatic vs manual recovery", _recovery_section),
@@ -438,13 +567,18 @@ def read_ledger(db: str | None, client: Any) -> LedgerData:
     """The ledger's history: from its SQLite file when ``db`` names one (the ledger need not
     run), else every page of its API through ``client`` (a ``LedgerClient``)."""
     if not db:
-        return LedgerData(client.get_all("/v1/exclusions"), client.get_all("/v1/attempts"))
+        return LedgerData(
+            client.get_all("/v1/exclusions"),
+            client.get_all("/v1/attempts"),
+            client.get_all("/v1/incidents"),
+        )
+    from gpufleet.fleet.incidents import IncidentStore
     from gpufleet.fleet.store import LedgerStore
 
     if not Path(db).exists():
         raise ReportError(f"--db {db}: no such file")
     store = LedgerStore(db)
     try:
-        return LedgerData(store.exclusions(), store.attempts())
+        return LedgerData(store.exclusions(), store.attempts(), IncidentStore(store).incidents())
     finally:
         store.close()
