@@ -292,3 +292,66 @@ def test_a_severity_for_an_alert_that_does_not_exist_is_refused(tmp_path: Path) 
         {"ledger_presence": "off", "severities": {"GpuFleetLedgerTargetMissing": "info"}}
     )
     assert write_all(tmp_path / "off", config)
+
+
+@pytest.mark.parametrize(
+    ("interval", "step", "untimed"),
+    [(15, "2m", "1m"), (30, "2m", "2m"), (60, "4m", "4m")],
+)
+def test_the_short_windows_follow_the_scrape_interval(
+    interval: int, step: str, untimed: str
+) -> None:
+    """At four scrapes a window, a site that scrapes every 60 s gets 4-minute step windows
+    (on Prometheus 3 a 2-minute one holds two samples, one after a missed scrape)."""
+    config = config_from_mapping({"scrape_interval_seconds": interval})
+    assert (config.step_window, config.job_slowdown_untimed_step_window) == (step, untimed)
+    assert config_from_mapping({}) == RulesConfig()
+
+
+def test_at_60_s_the_two_step_windows_are_one_recorded_series(tmp_path: Path) -> None:
+    paths = write_all(tmp_path, config_from_mapping({"scrape_interval_seconds": 60}))
+    training = (tmp_path / "training.rules.yaml").read_text()
+    records = re.findall(r"record: (\S+)", training)
+    assert len(records) == len(set(records))
+    assert "job:gpufleet_training_step_seconds:rate4m" in records
+    assert not re.search(r"rate[12]m\b", training)
+    check = subprocess.run(
+        ["promtool", "check", "rules", *map(str, paths)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+@pytest.mark.parametrize(
+    ("knobs", "message"),
+    [
+        (
+            {"scrape_interval_seconds": 60, "step_window": "2m"},
+            "scrape_interval_seconds is 60: step_window (2m) would hold fewer than 4 scrapes; "
+            "set it to 4m or more",
+        ),
+        (
+            {"scrape_interval_seconds": 120},
+            "rate_window (5m), job_slowdown_untimed_window (5m), job_slowdown_hold_window (5m) "
+            "would hold fewer than 4 scrapes; set each to 8m or more",
+        ),
+        ({"xid_window": "30s"}, "scrape_interval_seconds is 15: xid_window (30s)"),
+        ({"scrape_interval_seconds": 0}, "scrape_interval_seconds must be 1 or more"),
+        ({"scrape_interval_seconds": "15s"}, "scrape_interval_seconds must be a number"),
+    ],
+)
+def test_a_window_shorter_than_four_scrapes_is_refused(
+    knobs: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        config_from_mapping(knobs)
+
+
+def test_a_slow_scrape_with_its_windows_set_is_accepted() -> None:
+    windows = dict.fromkeys(
+        ("rate_window", "job_slowdown_untimed_window", "job_slowdown_hold_window"), "8m"
+    )
+    config = config_from_mapping({"scrape_interval_seconds": 120, **windows})
+    assert (config.step_window, config.job_slowdown_untimed_step_window) == ("8m", "8m")

@@ -50,6 +50,13 @@ class RulesConfig:
     ledger_presence: str = "seen"
     presence_memory: str = "1d"
 
+    # -- scraping -------------------------------------------------------------------------------
+    # How often Prometheus scrapes gpufleet's agent and the GPU exporters. A site file that
+    # sets it moves the short rate windows (SCRAPE_DERIVED_WINDOWS) to WINDOW_SCRAPES
+    # intervals where their defaults are shorter, and refuses any window it sets shorter
+    # than that (`check_scrape_windows`; the runbook's "Scrape interval" says why four).
+    scrape_interval_seconds: int = 15
+
     # -- alert routing -------------------------------------------------------------------------
     runbook_url: str = "https://github.com/gpufleet/gpufleet/blob/main/alerts/RUNBOOK.md#{anchor}"
 
@@ -246,6 +253,60 @@ class RulesConfig:
 
 PRESENCE_MODES = ("seen", "required", "off")
 _DURATION = re.compile(r"(\d+(ms|s|m|h|d|w|y))+")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+
+# Scrape intervals every range window spans at least: rate() needs two samples, a
+# window on Prometheus 3 holds window / interval of them (left-open: one fewer than a
+# closed 2.x window whose edge falls on a sample), and a missed or late scrape takes
+# one more. Four leave two samples after two losses (Grafana's $__rate_interval takes
+# four intervals too).
+WINDOW_SCRAPES = 4
+# The windows short enough for a scrape interval to reach (the others are 5 minutes or
+# more): a site file that sets scrape_interval_seconds and not these gets them at
+# WINDOW_SCRAPES intervals where their default is shorter.
+SCRAPE_DERIVED_WINDOWS = ("step_window", "job_slowdown_untimed_step_window")
+
+
+def duration_seconds(text: str) -> float:
+    """Seconds in a Prometheus duration such as ``1h30m``."""
+    return sum(
+        int(number) * _UNIT_SECONDS[unit]
+        for number, unit in re.findall(r"(\d+)(ms|s|m|h|d|w|y)", text)
+    )
+
+
+def format_duration(seconds: int) -> str:
+    """A whole number of seconds as the shortest Prometheus duration: 240 -> 4m."""
+    for unit in ("d", "h", "m"):
+        if seconds % _UNIT_SECONDS[unit] == 0:
+            return f"{seconds // int(_UNIT_SECONDS[unit])}{unit}"
+    return f"{seconds}s"
+
+
+def range_windows(config: RulesConfig) -> dict[str, str]:
+    """Every knob the rules use as a range window, by name (``_window``, ``_memory``)."""
+    return {
+        item.name: getattr(config, item.name)
+        for item in fields(config)
+        if item.name.endswith(("_window", "_memory"))
+    }
+
+
+def check_scrape_windows(config: RulesConfig, source: str = "RulesConfig") -> None:
+    """Refuse a config whose range windows are shorter than WINDOW_SCRAPES scrape
+    intervals, naming each such window and the least it may be."""
+    least = WINDOW_SCRAPES * config.scrape_interval_seconds
+    short = [
+        f"{name} ({value})"
+        for name, value in range_windows(config).items()
+        if duration_seconds(value) < least
+    ]
+    if short:
+        raise ConfigError(
+            f"{source}: scrape_interval_seconds is {config.scrape_interval_seconds}: "
+            f"{', '.join(short)} would hold fewer than {WINDOW_SCRAPES} scrapes; set "
+            f"{'each' if len(short) > 1 else 'it'} to {format_duration(least)} or more"
+        )
 
 
 class ConfigError(ValueError):
@@ -265,6 +326,8 @@ def _check_value(name: str, value: Any, default: Any, source: str) -> Any:
             raise ConfigError(f"{where} must be a whole number, got {value!r}")
         if not math.isfinite(value) or value < 0:
             raise ConfigError(f"{where} must be a finite number, not negative, got {value!r}")
+        if name == "scrape_interval_seconds" and value == 0:
+            raise ConfigError(f"{where} must be 1 or more, got {value!r}")
         if name.endswith(("_share", "_quantile")) and value > 1:
             raise ConfigError(f"{where} is a fraction: it must be between 0 and 1, got {value!r}")
         return value
@@ -319,7 +382,9 @@ def _check_value(name: str, value: Any, default: Any, source: str) -> Any:
 
 def config_from_mapping(knobs: dict[str, Any], source: str = "site config") -> RulesConfig:
     """A RulesConfig with ``knobs`` overriding the defaults; unknown or ill-typed knobs raise
-    ConfigError naming the knob (and the closest known name for a typo)."""
+    ConfigError naming the knob (and the closest known name for a typo). With
+    ``scrape_interval_seconds`` the short windows it does not set follow the interval, and
+    a window shorter than WINDOW_SCRAPES intervals raises ConfigError naming it."""
     defaults = RulesConfig()
     known = {item.name: getattr(defaults, item.name) for item in fields(RulesConfig)}
     changes: dict[str, Any] = {}
@@ -329,7 +394,14 @@ def config_from_mapping(knobs: dict[str, Any], source: str = "site config") -> R
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise ConfigError(f"{source}: unknown knob {name!r}{hint}")
         changes[name] = _check_value(name, value, known[name], source)
-    return replace(defaults, **changes)
+    if "scrape_interval_seconds" in changes:
+        least = WINDOW_SCRAPES * changes["scrape_interval_seconds"]
+        for name in SCRAPE_DERIVED_WINDOWS:
+            if name not in changes and duration_seconds(known[name]) < least:
+                changes[name] = format_duration(least)
+    config = replace(defaults, **changes)
+    check_scrape_windows(config, source)
+    return config
 
 
 def load_site_config(path: str | Path) -> RulesConfig:

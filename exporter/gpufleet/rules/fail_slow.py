@@ -425,11 +425,19 @@ def training_recording(config: RulesConfig) -> list[Group]:
         # steady step time is its fastest 1-minute stretch instead, held by the alert:
         # a slowdown raises every stretch; stalls leave one clean now and then (a big
         # job's, one minute between them more often than two).
-        Record(
-            series.job_step_short,
-            job_seconds_per_step(config.job_slowdown_untimed_step_window)
-            # scraped too seldom for two samples a stretch
-            + f"\nor {series.job_step}",
+        *(
+            [
+                Record(
+                    series.job_step_short,
+                    job_seconds_per_step(config.job_slowdown_untimed_step_window)
+                    # too few samples in a stretch (missed scrapes)
+                    + f"\nor {series.job_step}",
+                )
+            ]
+            # a scrape interval long enough to move both windows to the same length
+            # makes them one series, recorded once
+            if series.job_step_short != series.job_step
+            else []
         ),
         Record(
             steady,
