@@ -1,6 +1,8 @@
 """Reliability and goodput: the exclusion leaderboard and its concentration, incidents by
 cause and XID, fleet MTBF, retries, recovery downtime, Young/Daly against the actual
-checkpoint interval, and the share of wall time each job trained."""
+checkpoint interval, and the share of wall time each job trained. The ledger's events are
+shown by their source (the system that recorded them: torchrun, slurm, kubernetes,
+alertmanager, manual, auto), which the `source` variable filters."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
     r = Recorded.of(config)
     c = common.sel()
     fleet = common.sel(config.fleet_selector)
+    by_source = common.sel(config.fleet_selector, 'source=~"$source"')
     grid = common.Grid()
     grid.stat(
         6,
@@ -105,20 +108,27 @@ def build(config: RulesConfig) -> dm.Dashboard:
         link_node=False,
         columns=("GPUs",),
     )
-    # The ledger's attempt and retry-chain counters, one table each by job and outcome.
+    # The ledger's counters, one table each: exclusions by the system that recorded them,
+    # attempts by job and outcome, retry chains by job and outcome (chains carry no source:
+    # a chain's attempts may come from several).
     ledger_tables = (
+        ("Exclusions by source",
+         "Exclusions the ledger recorded (all time), by the system that recorded them: "
+         "slurm (slurm-watch), kubernetes (the Node watch), alertmanager, torchrun, or a "
+         "person (manual).",
+         "source", ledger.EXCLUSIONS.name, by_source, "exclusions"),
         ("Job attempts: automatic vs manual",
          "Attempts of each job by what started them (auto retry or an operator), how "
          "they ended, and the system that reported them (source).",
-         "training_job, trigger, outcome, source", ledger.ATTEMPTS.name, "attempts"),
+         "training_job, trigger, outcome, source", ledger.ATTEMPTS.name, by_source, "attempts"),
         ("Retry chains",
          "Chains of automatic retries per job by how they ended, and the failed attempts "
          f"of the current chain ({config.retry_chain_failed_attempts} page: GpuFleetRetryChainFailing).",
-         "training_job, outcome", ledger.CHAINS.name, "chains"),
+         "training_job, outcome", ledger.CHAINS.name, fleet, "chains"),
     )  # fmt: skip
-    for title, description, by, counter, column in ledger_tables:
-        query = common.target(f"sum by ({by}) ({counter}{{{fleet}}})", instant=True, ref="A")
-        grid.table(12, 8, title, description, "short", [query], link_node=False, columns=(column,))
+    for title, description, by, counter, selector, column in ledger_tables:
+        query = common.target(f"sum by ({by}) ({counter}{{{selector}}})", instant=True, ref="A")
+        grid.table(8, 8, title, description, "short", [query], link_node=False, columns=(column,))
     grid.stat(
         24,
         5,
@@ -141,7 +151,13 @@ def build(config: RulesConfig) -> dm.Dashboard:
                 "training_job",
                 "Training job",
                 f"label_values({r.job_step}{{{c}}}, training_job)",
-            )
+            ),
+            common.query_variable(
+                "source",
+                "Recorded by",
+                f'label_values({{__name__=~"{ledger.EXCLUSIONS.name}|{ledger.ATTEMPTS.name}"}}, source)',
+                include_all=True,
+            ),
         ],
         grid,
         time_from="now-7d",

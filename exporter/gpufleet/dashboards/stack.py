@@ -204,7 +204,7 @@ def fed_prometheus(
             cluster.spec.job,
             Inliner.from_files(rules),
             {"training_job": cluster.spec.job, "pp_stage": ".*", "node": FAULTY_NODE,
-             "gpu": ".*", "cluster": ".*"},
+             "gpu": ".*", "cluster": ".*", "source": ".*"},
             hours,
         )  # fmt: skip
         server = prometheus
