@@ -40,6 +40,7 @@ Standard library only.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -194,6 +195,8 @@ class _ProcessExit:
         self.claimed: set[tuple[str, int]] = set()
         self.lock = threading.Lock()
         self.installed = False
+        self.ending = threading.RLock()
+        self.wakeup_fds: tuple[int, int] | None = None
 
     def claim(self, lifecycle: AttemptLifecycle) -> bool:
         with self.lock:
@@ -211,20 +214,31 @@ class _ProcessExit:
                 self.active.remove(lifecycle)
 
     def after_fork_in_child(self) -> None:
-        # A forked child (a DataLoader worker) is not the attempt: its exit must say nothing.
+        # A forked child (a DataLoader worker) is not the attempt: its exit must say nothing,
+        # and its signals must not wake the parent's watcher through the inherited pipe.
         self.active.clear()
         self.lock = threading.Lock()
+        self.ending = threading.RLock()
+        if self.wakeup_fds is not None:
+            with contextlib.suppress(ValueError):  # not the main thread: nothing to undo
+                signal.set_wakeup_fd(-1)
+            for fd in self.wakeup_fds:
+                os.close(fd)
+            self.wakeup_fds = None
 
     def end_all(self, outcome: Outcome, cause: str | None) -> None:
         """End every attempt this process watches, within ``ENDED_BUDGET_S`` in all."""
         deadline = time.monotonic() + ENDED_BUDGET_S
-        with self.lock:
-            watching = list(self.active)
-        for lifecycle in watching:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            lifecycle.end(outcome, cause, remaining)
+        # One thread at a time (SIGTERM's watcher, an excepthook); reentrant for a signal
+        # handler that runs in the thread already ending.
+        with self.ending:
+            with self.lock:
+                watching = list(self.active)
+            for lifecycle in watching:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                lifecycle.end(outcome, cause, remaining)
 
     def _install(self) -> None:
         if self.installed:
@@ -248,14 +262,62 @@ class _ProcessExit:
             and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
         ):
             signal.signal(signal.SIGTERM, self._on_sigterm)
+            self._watch_wakeups()
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self.after_fork_in_child)
 
+    def _watch_wakeups(self) -> None:
+        """See SIGTERM from a thread too. A Python handler runs only when the main thread
+        is back in Python: a rank blocked in a collective on a dead peer (NCCL's timeout is
+        minutes) would outlive the launcher's SIGTERM until its SIGKILL, where the default
+        action killed it at once. The signal's wakeup byte reaches this thread at once."""
+        reader, writer = os.pipe()
+        os.set_blocking(writer, False)
+        try:
+            previous = signal.set_wakeup_fd(writer, warn_on_full_buffer=False)
+        except ValueError:
+            previous = None
+        if previous != -1:  # someone else (an event loop) reads the wakeups: leave them
+            if previous is not None:
+                signal.set_wakeup_fd(previous)
+            os.close(reader)
+            os.close(writer)
+            return
+        self.wakeup_fds = (reader, writer)
+        threading.Thread(
+            target=self._read_wakeups, args=(reader,), name="gpufleet-sigterm", daemon=True
+        ).start()
+
+    def _read_wakeups(self, reader: int) -> None:
+        pid = os.getpid()
+        while True:
+            try:
+                signals = os.read(reader, 64)
+            except OSError:
+                return
+            if not signals:
+                return
+            if signal.SIGTERM in signals and os.getpid() == pid:
+                self._on_sigterm(signal.SIGTERM, None)
+
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         self.end_all("failed", "sigterm")
-        # Die of SIGTERM as without the handler: the launcher sees the same exit status.
+        _die_of_sigterm()
+
+
+def _die_of_sigterm() -> None:
+    """Die of SIGTERM as without the handler: the launcher sees the same exit status."""
+    if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
+    else:
+        # Only the main thread may set a handler through Python, and it is blocked in C:
+        # reset the disposition in the C library (Python's own table is left as it is).
+        import ctypes
+
+        reset = ctypes.CDLL(None).signal
+        reset.argtypes = (ctypes.c_int, ctypes.c_void_p)
+        reset(signal.SIGTERM, None)  # NULL: SIG_DFL
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 _PROCESS = _ProcessExit()
