@@ -260,3 +260,19 @@ def test_the_report_computes_the_seed_figures_from_a_ledger_filled_through_its_a
     assert "| slurm | 2 | 40% |" in text  # exclusions by source
     assert "| torchrun | 2 | 0 |" in text  # restarts by source: 2 auto, no manual
     store.close()
+
+
+def test_the_report_reads_pages_and_their_links_from_the_database_file(tmp_path: Path) -> None:
+    from gpufleet.fleet.incidents import Incident, IncidentStore
+    from gpufleet.fleet.models import ExclusionIn
+    from gpufleet.fleet.report import read_ledger
+
+    store = LedgerStore(tmp_path / "fleet.db")
+    t0 = 1_800_000_000.0
+    IncidentStore(store).record(
+        [Incident("00000000000000aa", t0, "GpuFleetGpuLost", "n1", "critical")]
+    )
+    excluded = store.exclude("key-0001", ExclusionIn(node="n1", reason="gpu_lost", at=t0 + 90))
+    store.close()
+    [incident] = read_ledger(str(tmp_path / "fleet.db"), None).incidents
+    assert (incident["exclusion_id"], incident["exclusion_delay_s"]) == (excluded.body["id"], 90)
