@@ -132,8 +132,8 @@ def test_defaults_are_safe_and_match_the_store(monkeypatch: pytest.MonkeyPatch) 
     limits = LedgerLimits()
     assert values["max_nodes"] == limits.max_nodes
     assert values["max_training_jobs"] == limits.max_training_jobs
-    assert values["max_reasons"] == limits.max_reasons
     assert values["max_exclusion_series"] == limits.max_exclusion_series
+    assert values["export_retention"] == limits.export_retention_s == 40 * 86400
     assert values["idempotency_window"] == limits.idempotency_window_s == 7 * 86400
     assert resolved(monkeypatch, "--allow-unauthenticated-writes")["allow_unauthenticated_writes"]
     by_env = resolved(monkeypatch, GPUFLEET_FLEET_ALLOW_UNAUTHENTICATED_WRITES="true")

@@ -179,7 +179,10 @@ def test_the_migration_backfills_the_counters_from_existing_history(tmp_path: Pa
         assert sum(n for *_, n in snapshot.exclusion_counts) == 100
         assert snapshot.excluded == ["n0", "n1", "n2", "n3", "n4"]
         assert snapshot.jobs["llm"].attempts[("auto", "failed", "manual")] == 5
-        assert snapshot.label_values == {"node": 5, "reason": 2, "training_job": 2}
+        # the history before the upgrade is one exposition epoch per series, from its start
+        assert snapshot.created[("n0", "xid79", "auto")] == NOW
+        assert snapshot.job_created == {"llm": NOW, "vision": NOW}
+        assert snapshot.left_out == {"exclusion_series": 0, "excluded_node": 0, "training_job": 0}
     finally:
         store.close()
 

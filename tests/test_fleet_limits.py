@@ -1,5 +1,5 @@
-"""The ledger under a careless or hostile writer: label caps, key retention, paged lists,
-and writes that never stall the event loop."""
+"""The ledger under a careless or hostile writer: caps on what /metrics exports (never on
+what is stored), key retention, paged lists, and writes that never stall the event loop."""
 
 from __future__ import annotations
 
@@ -57,73 +57,118 @@ def sample(client: TestClient, line_start: str) -> float:
     raise AssertionError(f"{line_start} not in /metrics")
 
 
-def test_new_label_values_beyond_their_caps_get_429_are_counted_and_store_nothing(
+def exported(client: TestClient, family: str) -> dict[frozenset[tuple[str, str]], float]:
+    """The samples of one family in /metrics, by label set."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {
+        frozenset(sample.labels.items()): sample.value
+        for metric in text_string_to_metric_families(client.get("/metrics").text)
+        for sample in metric.samples
+        if sample.name == family
+    }
+
+
+def test_every_write_past_the_caps_is_stored_and_metrics_exports_the_newest(
     tmp_path: Path, clock: Clock
 ) -> None:
+    """The caps bound /metrics, never the ledger: once a cap is full every new node, job
+    and series is still stored (201) and answered by the API; /metrics exports the most
+    recently changed up to the cap and says how many it left out."""
     store, client = open_ledger(
-        tmp_path / "fleet.db", clock, max_nodes=2, max_training_jobs=1, max_reasons=2
+        tmp_path / "fleet.db", clock, max_nodes=2, max_training_jobs=1, max_exclusion_series=3
     )
     try:
-        for index, node in enumerate(["n1", "n2"]):
-            ok = post(
-                client, "/v1/exclusions", {"node": node, "reason": "xid79"}, f"key-ok-{index}"
-            )
-            assert ok.status_code == 201
-        third = post(client, "/v1/exclusions", {"node": "n3", "reason": "xid79"}, "key-node-3")
-        assert third.status_code == 429
-        assert "2 distinct node values" in third.json()["detail"]
-        assert "--max-nodes" in third.json()["detail"]
-        # a known node is never refused
-        post(client, "/v1/releases", {"node": "n1"}, "key-release-1")
-        again = post(client, "/v1/exclusions", {"node": "n1", "reason": "ecc"}, "key-n1-again")
-        assert again.status_code == 201
-        post(client, "/v1/releases", {"node": "n1"}, "key-release-2")
-        reasons = post(client, "/v1/exclusions", {"node": "n1", "reason": "slow"}, "key-reason-3")
-        assert reasons.status_code == 429 and "--max-reasons" in reasons.json()["detail"]
-
+        for index, node in enumerate(["n1", "n2", "n3", "n4"]):
+            clock.now += 60
+            body = {"node": node, "reason": f"xid{index}", "source": "auto"}
+            assert post(client, "/v1/exclusions", body, f"key-exclusion-{node}").status_code == 201
         started = {"attempt": 1, "event": "started", "trigger": "initial"}
-        ok = post(client, "/v1/attempts", {"training_job": "j1", **started}, "key-job-1")
-        assert ok.status_code == 201
-        refused = post(client, "/v1/attempts", {"training_job": "j2", **started}, "key-job-2")
-        assert refused.status_code == 429
-        assert "--max-training-jobs" in refused.json()["detail"]
+        for job in ("j1", "j2"):
+            clock.now += 60
+            body = {"training_job": job, **started}
+            assert post(client, "/v1/attempts", body, f"key-attempt-{job}").status_code == 201
 
-        # a refused write stored nothing, not even its idempotency key: a retry is refused again
-        assert [r["node"] for r in store.exclusions()] == ["n1", "n2", "n1"]
-        assert [a["training_job"] for a in store.attempts()] == ["j1"]
-        assert "key-node-3" not in store.idempotency_keys()
-        assert post(client, "/v1/exclusions", {"node": "n3", "reason": "xid79"}, "key-node-3")
-        rejected = 'gpufleet_fleet_writes_rejected_total{reason="%s"}'
-        assert sample(client, rejected % "node_cap") == 2
-        assert sample(client, rejected % "reason_cap") == 1
-        assert sample(client, rejected % "training_job_cap") == 1
-        assert sample(client, 'gpufleet_fleet_label_values{label="node"}') == 2
-        assert sample(client, 'gpufleet_fleet_label_values_limit{label="node"}') == 2
-        assert 'node="n3"' not in client.get("/metrics").text
+        assert [r["node"] for r in store.exclusions()] == ["n1", "n2", "n3", "n4"]
+        assert [a["training_job"] for a in store.attempts()] == ["j1", "j2"]
+        series = exported(client, "gpufleet_fleet_node_exclusions_total")
+        assert sorted(dict(labels)["node"] for labels in series) == ["n2", "n3", "n4"]
+        excluded = exported(client, "gpufleet_fleet_node_excluded")
+        assert sorted(dict(labels)["node"] for labels in excluded) == ["n3", "n4"]
+        assert sample(client, "gpufleet_fleet_excluded_nodes") == 4  # the count is not capped
+        jobs = exported(client, "gpufleet_fleet_job_attempts_total")
+        assert {dict(labels)["training_job"] for labels in jobs} == {"j2"}
+        for kind, limit, entries, left_out in [
+            ("exclusion_series", 3, 3, 1),
+            ("excluded_node", 2, 2, 2),
+            ("training_job", 1, 1, 1),
+        ]:
+            assert sample(client, f'gpufleet_fleet_exposition_entries{{kind="{kind}"}}') == entries
+            assert sample(client, f'gpufleet_fleet_exposition_entries_limit{{kind="{kind}"}}') == (
+                limit
+            )
+            assert sample(client, f'gpufleet_fleet_exposition_left_out{{kind="{kind}"}}') == (
+                left_out
+            )
+        # n1's series is back with a write: the newest again, in a new exposition epoch
+        post(client, "/v1/releases", {"node": "n1"}, "key-release-n1")
+        clock.now += 60
+        body = {"node": "n1", "reason": "xid0", "source": "auto"}
+        assert post(client, "/v1/exclusions", body, "key-n1-again").status_code == 201
+        series = exported(client, "gpufleet_fleet_node_exclusions_total")
+        created = exported(client, "gpufleet_fleet_node_exclusions_created")
+        n1 = frozenset({"node": "n1", "reason": "xid0", "source": "auto"}.items())
+        assert series[n1] == 1 and created[n1] == clock.now  # counted from its return
+        assert sorted(dict(labels)["node"] for labels in series) == ["n1", "n3", "n4"]
+        assert len(store.exclusions(node="n1")) == 2  # the history keeps both
     finally:
         client.close()
         store.close()
 
 
-def test_known_labels_cannot_be_combined_into_series_beyond_the_series_cap(
+def test_a_series_leaves_metrics_after_the_retention_and_returns_counting_afresh(
     tmp_path: Path, clock: Clock
 ) -> None:
-    store, client = open_ledger(tmp_path / "fleet.db", clock, max_exclusion_series=3)
+    """Within the retention a series keeps its epoch and counts on; after it (no change for
+    export_retention_s) it is no longer exported, and a new write starts a new epoch."""
+    store, client = open_ledger(tmp_path / "fleet.db", clock, export_retention_s=40 * DAY)
+    labels = frozenset({"node": "n1", "reason": "xid79", "source": "slurm"}.items())
+    job = frozenset(
+        {"training_job": "j", "trigger": "initial", "outcome": "failed", "source": "manual"}.items()
+    )
     try:
-        combinations = [("n1", "xid79"), ("n1", "ecc"), ("n2", "xid79"), ("n2", "ecc")]
-        answers = []
-        for index, (node, reason) in enumerate(combinations):
-            body = {"node": node, "reason": reason, "source": "auto"}
-            answers.append(post(client, "/v1/exclusions", body, f"key-series-{index}").status_code)
-            post(client, "/v1/releases", {"node": node}, f"key-series-release-{index}")
-        assert answers == [201, 201, 201, 429]
-        again = post(client, "/v1/exclusions", {"node": "n1", "reason": "ecc", "source": "auto"},
-                     "key-series-again")  # fmt: skip
-        assert again.status_code == 201  # an existing series keeps counting
-        text = client.get("/metrics").text
-        assert text.count("gpufleet_fleet_node_exclusions_total{") == 3
-        rejected = 'gpufleet_fleet_writes_rejected_total{reason="exclusion_series_cap"}'
-        assert sample(client, rejected) == 1
+
+        def exclude_and_release(name: str) -> None:
+            body = {"node": "n1", "reason": "xid79", "source": "slurm"}
+            assert post(client, "/v1/exclusions", body, f"key-exclusion-{name}").status_code == 201
+            assert post(client, "/v1/releases", {"node": "n1"}, f"key-release-{name}").status_code == 200
+
+        exclude_and_release("day-0")
+        start = {"training_job": "j", "attempt": 1, "event": "started", "trigger": "initial"}
+        post(client, "/v1/attempts", start, "key-job-j-1")
+        end = {"training_job": "j", "attempt": 1, "event": "ended", "outcome": "failed"}
+        post(client, "/v1/attempts", end, "key-job-j-1-end")
+        clock.now += 30 * DAY
+        exclude_and_release("day-30")
+        assert exported(client, "gpufleet_fleet_node_exclusions_total")[labels] == 2
+        assert exported(client, "gpufleet_fleet_node_exclusions_created")[labels] == NOW
+        clock.now += 39 * DAY  # day 69: 39 days since the last change, still exported
+        assert exported(client, "gpufleet_fleet_node_exclusions_total")[labels] == 2
+        assert job not in exported(client, "gpufleet_fleet_job_attempts_total")  # 69 d quiet
+        clock.now += 2 * DAY  # day 71: 41 days since
+        assert labels not in exported(client, "gpufleet_fleet_node_exclusions_total")
+        clock.now += 20 * DAY
+        exclude_and_release("day-91")
+        assert exported(client, "gpufleet_fleet_node_exclusions_total")[labels] == 1
+        assert exported(client, "gpufleet_fleet_node_exclusions_created")[labels] == clock.now
+        start2 = {**start, "attempt": 2, "trigger": "manual"}
+        post(client, "/v1/attempts", start2, "key-job-j-2")
+        attempts = exported(client, "gpufleet_fleet_job_attempts_total")
+        assert job not in attempts  # attempt 1 belongs to the job's earlier epoch
+        assert exported(client, "gpufleet_fleet_job_attempts_created") == {
+            labels: clock.now for labels in attempts
+        }
+        assert len(store.exclusions(node="n1")) == 3 and len(store.attempts("j")) == 2
     finally:
         client.close()
         store.close()

@@ -25,13 +25,14 @@ FLEET_OPTIONS = variables("GPUFLEET_FLEET_", (
            "without a token, accept writes from beyond loopback too (otherwise they get 403)",
            switch=True),
     Option("--max-nodes", kinds.positive_int, "10000",
-           "distinct node label values the ledger exports, ever (beyond: 429)"),
-    Option("--max-training-jobs", kinds.positive_int, "500",
-           "distinct training_job label values the ledger exports, ever (beyond: 429)"),
-    Option("--max-reasons", kinds.positive_int, "256",
-           "distinct exclusion reasons the ledger exports, ever (beyond: 429)"),
+           "excluded nodes /metrics exports at most (writes are never refused for it)"),
+    Option("--max-training-jobs", kinds.positive_int, "2000",
+           "training jobs /metrics exports at most, the most recently written first"),
     Option("--max-exclusion-series", kinds.positive_int, "10000",
-           "distinct (node, reason, source) exclusion series, ever (beyond: 429)"),
+           "(node, reason, source) exclusion series /metrics exports at most, newest first"),
+    Option("--export-retention", kinds.window, "40d",
+           "how long /metrics keeps a series after its last change; longer than the rules' "
+           "longest window (reliability_window, 30d), e.g. 40d"),
     Option("--idempotency-window", kinds.window, "7d",
            "how long an Idempotency-Key is remembered (a retry must come within it), e.g. 7d, 48h"),
     log_level_option("GPUFLEET_LOG_LEVEL"),
@@ -61,7 +62,12 @@ def run_fleet(values: argparse.Namespace) -> int:
 
     resolve.configure_logging(values.log_level)
     token, read_token = resolve.secret(values, "token"), resolve.secret(values, "read_token")
-    limits = resolve.settings(LedgerLimits, values, idempotency_window_s=values.idempotency_window)
+    limits = resolve.settings(
+        LedgerLimits,
+        values,
+        idempotency_window_s=values.idempotency_window,
+        export_retention_s=values.export_retention,
+    )
     try:
         store = open_ledger(values.db, limits)
     except LedgerOpenError as error:

@@ -12,6 +12,49 @@ Chains depend on time as well as on writes: an automatic attempt that has been
 training for ``healthy_after`` seconds recovers its chain with no new event.
 So each job summary says until when it holds (``valid_until``); a scrape after
 that recomputes the job from its attempts.
+
+What is exported, and why the rules stay right
+----------------------------------------------
+The ledger stores every valid event for ever; /metrics exports only what is
+*live*: a (node, reason, source) exclusion series that a write changed within
+``LedgerLimits.export_retention_s`` (40 d by default), a job written within it
+or with an attempt running, the most recently changed first up to each cap
+(``max_exclusion_series``, ``max_training_jobs``, ``max_nodes`` for the nodes
+excluded now). ``gpufleet_fleet_exposition_left_out`` counts what a cap left
+out. So however long the cluster runs, the exposition holds at most
+``LedgerLimits.worst_case_series`` series, and typically what the last 40 days
+wrote.
+
+The rules read increases as ``x - (x offset W or x * 0)`` (W up to
+``reliability_window``, 30 d), which counts a series Prometheus had no sample
+of W ago in full. A series that left the exposition and came back at its old
+cumulative value would be counted whole: a false repeat offender. So each
+exported counter counts the events of its *exposition epoch*: a series enters
+the exposition at a write (new, or back after it had left) with a new epoch,
+counting from that event, and says when the epoch began as its counter's
+``_created``. The rules compare ``x_created`` too (``rules/reliability.py``):
+``x offset W`` is subtracted only when it belongs to the same epoch (or comes
+from a ledger older than ``_created``), else the epoch's count is taken whole.
+This is right for every window W and time t:
+
+- the epoch began before t - W and the series was exported since (an epoch
+  has no gap: leaving ends it): ``x(t) - x(t - W)``, the events within W;
+- the epoch began within W: its whole count, all events within W; and the
+  series' earlier epoch holds no event within W, because it left only after
+  ``export_retention_s`` (> W) without a change;
+- the series is not exported at t: its last change is older than the
+  retention, so no event lies within W, and the rules see none.
+
+Only a cap can end an epoch early; then the rules under-count the left-out
+series' events (never over-count: no false page), and the left-out gauge says
+so. ``alerts/tests/reliability.test.yaml`` holds the promtool cases: a node
+back after 60 quiet days with one exclusion does not fire
+``GpuFleetRepeatOffenderNode``; two within 7 days do.
+
+A job's epoch holds the attempts written since it began (``recorded_at``);
+the whole history stays in the API. ``snapshot_from_history`` recomputes one
+epoch per series from all rows: the reference for a ledger whose series never
+left the exposition.
 """
 
 from __future__ import annotations
@@ -48,6 +91,11 @@ class JobSummary:
     chains: dict[str, int]  # closed chains by outcome
     open_failed: int  # failed automatic attempts in the open chain
     valid_until: float | None  # None: only a write can change it
+
+    @property
+    def running(self) -> bool:
+        """An attempt of the job is running (no end, and no later attempt started)."""
+        return any(outcome == "running" for _, outcome, _ in self.attempts)
 
     def to_json(self) -> str:
         return json.dumps(
@@ -121,7 +169,11 @@ class LedgerSnapshot:
     exclusion_counts: list[tuple[str, str, str, int]] = field(default_factory=list)
     excluded: list[str] = field(default_factory=list)  # nodes excluded now, sorted
     jobs: dict[str, JobSummary] = field(default_factory=dict)
-    label_values: dict[str, int] = field(default_factory=dict)
+    excluded_total: int = 0  # nodes excluded now, exported or not
+    # when each exported counter's exposition epoch began: its _created
+    created: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    job_created: dict[str, float] = field(default_factory=dict)
+    left_out: dict[str, int] = field(default_factory=dict)  # by EXPOSITION_KINDS
 
 
 def snapshot_from_history(

@@ -1,9 +1,13 @@
 """The ledger's metrics: the counters the rules read, and the ledger's report on itself.
 
 The counters are kept materialised by the store (``counters.py``): a scrape
-reads one row per series, whatever the length of the history, and because
-they are committed with each write they resume exactly after a restart. The
-families are defined in ``gpufleet.schema.ledger``: the contract with ``alerts/``.
+reads one row per exported series, whatever the length of the history, and
+because they are committed with each write they resume exactly after a
+restart. Only the series changed within the retention are exported, each
+counter with its ``_created`` (when its exposition epoch began), and
+``gpufleet_fleet_exposition_left_out`` says how many the caps left out
+(``counters.py`` says why the rules stay right). The families are defined in
+``gpufleet.schema.ledger``: the contract with ``alerts/``.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from gpufleet.fleet.counters import CHAIN_OUTCOMES, DOWNTIME_BUCKETS, LedgerSnapshot
-from gpufleet.fleet.store import CAPPED_LABELS, LedgerStore
+from gpufleet.fleet.store import EXPOSITION_KINDS, LedgerStore
 from gpufleet.schema import ledger as schema
 
 
@@ -24,7 +28,8 @@ def ledger_families(snapshot: LedgerSnapshot) -> Iterator[Metric]:
     """The families the rules read, from one snapshot (materialised or recomputed)."""
     exclusions = schema.EXCLUSIONS.counter()
     for node, reason, source, number in snapshot.exclusion_counts:
-        exclusions.add_metric([node, reason, source], number)
+        created = snapshot.created.get((node, reason, source))
+        exclusions.add_metric([node, reason, source], number, created=created)
     yield exclusions
 
     excluded = schema.EXCLUDED.gauge()
@@ -32,14 +37,15 @@ def ledger_families(snapshot: LedgerSnapshot) -> Iterator[Metric]:
         excluded.add_metric([node], 1.0)
     yield excluded
     count = schema.EXCLUDED_NODES.gauge()
-    count.add_metric([], len(snapshot.excluded))
+    count.add_metric([], snapshot.excluded_total or len(snapshot.excluded))
     yield count
 
     jobs = sorted(snapshot.jobs.items())
     attempt_family = schema.ATTEMPTS.counter()
     for job, summary in jobs:
+        created = snapshot.job_created.get(job)
         for (trigger, outcome, source), number in sorted(summary.attempts.items()):
-            attempt_family.add_metric([job, trigger, outcome, source], number)
+            attempt_family.add_metric([job, trigger, outcome, source], number, created=created)
     yield attempt_family
 
     downtime = schema.DOWNTIME.histogram()
@@ -51,7 +57,11 @@ def ledger_families(snapshot: LedgerSnapshot) -> Iterator[Metric]:
             buckets = [(b, float(n)) for b, n in zip(bounds, histogram.buckets, strict=True)]
             downtime.add_metric([job, trigger], buckets, histogram.sum)
         for outcome in CHAIN_OUTCOMES:
-            chains.add_metric([job, outcome], summary.chains.get(outcome, 0))
+            chains.add_metric(
+                [job, outcome],
+                summary.chains.get(outcome, 0),
+                created=snapshot.job_created.get(job),
+            )
         open_failures.add_metric([job], summary.open_failed)
     yield downtime
     yield chains
@@ -87,10 +97,18 @@ class LedgerCollector(Collector):
         for reason, number in sorted(self._rejections.snapshot().items()):
             rejected.add_metric([reason], number)
         yield rejected
-        values = schema.LABEL_VALUES.gauge()
-        limit = schema.LABEL_VALUES_LIMIT.gauge()
-        for label, field, _ in CAPPED_LABELS:
-            values.add_metric([label], snapshot.label_values.get(label, 0))
-            limit.add_metric([label], getattr(self._store.limits, field))
-        yield values
+        exported = schema.EXPOSITION_ENTRIES.gauge()
+        limit = schema.EXPOSITION_LIMIT.gauge()
+        left_out = schema.EXPOSITION_LEFT_OUT.gauge()
+        entries = {
+            "exclusion_series": len(snapshot.exclusion_counts),
+            "excluded_node": len(snapshot.excluded),
+            "training_job": len(snapshot.jobs),
+        }
+        for kind in EXPOSITION_KINDS:
+            exported.add_metric([kind], entries[kind])
+            limit.add_metric([kind], self._store.limits.cap(kind))
+            left_out.add_metric([kind], snapshot.left_out.get(kind, 0))
+        yield exported
         yield limit
+        yield left_out

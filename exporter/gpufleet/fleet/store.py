@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 
 from gpufleet.fleet.chains import DEFAULT_HEALTHY_AFTER_S
 from gpufleet.fleet.counters import JobSummary, LedgerSnapshot, summarise_job
-from gpufleet.fleet.models import AttemptEventIn, ExclusionIn, ReleaseIn
+from gpufleet.fleet.models import SOURCES, AttemptEventIn, ExclusionIn, ReleaseIn
 from gpufleet.fleet.writer import SerialWriter, WriterUnavailableError
 
 log = logging.getLogger(__name__)
@@ -166,36 +166,80 @@ MIGRATIONS: tuple[str, ...] = (
         count INTEGER NOT NULL
     ) WITHOUT ROWID;
     """,
+    # 6: every write is stored (no label caps); /metrics exports the series that changed
+    # within the retention (counters.py): each row notes when it was last written
+    # (recorded_at), each exported series when it last changed and when its exposition
+    # epoch began (its counter's _created).
+    """
+    DROP TABLE label_values;
+    ALTER TABLE exclusions ADD COLUMN recorded_at REAL;
+    UPDATE exclusions SET recorded_at = excluded_at;
+    ALTER TABLE attempts ADD COLUMN recorded_at REAL;
+    UPDATE attempts SET recorded_at = max(started_at, coalesce(first_step_at, started_at),
+        coalesce(ended_at, started_at));
+    ALTER TABLE exclusion_counts ADD COLUMN created_at REAL NOT NULL DEFAULT 0;
+    ALTER TABLE exclusion_counts ADD COLUMN changed_at REAL NOT NULL DEFAULT 0;
+    UPDATE exclusion_counts SET
+        created_at = (SELECT min(e.recorded_at) FROM exclusions e WHERE e.node =
+            exclusion_counts.node AND e.reason = exclusion_counts.reason
+            AND e.source = exclusion_counts.source),
+        changed_at = (SELECT max(e.recorded_at) FROM exclusions e WHERE e.node =
+            exclusion_counts.node AND e.reason = exclusion_counts.reason
+            AND e.source = exclusion_counts.source);
+    CREATE INDEX exclusion_counts_changed ON exclusion_counts (changed_at);
+    ALTER TABLE job_summaries ADD COLUMN created_at REAL NOT NULL DEFAULT 0;
+    ALTER TABLE job_summaries ADD COLUMN changed_at REAL NOT NULL DEFAULT 0;
+    ALTER TABLE job_summaries ADD COLUMN running INTEGER NOT NULL DEFAULT 0;
+    CREATE INDEX job_summaries_changed ON job_summaries (changed_at);
+    """,
 )
 
 
 @dataclass(frozen=True, slots=True)
 class LedgerLimits:
-    """Caps on what writers can make the ledger export, and how long keys are kept."""
+    """What /metrics exports at most, and how long keys are kept. None of these refuses a
+    write: the ledger stores every valid event and its API answers the whole history.
 
-    max_nodes: int = 10_000  # distinct `node` label values, ever
-    max_training_jobs: int = 500  # distinct `training_job` label values, ever
-    max_reasons: int = 256  # distinct exclusion `reason` label values, ever
-    # (node, reason, source) series of the exclusion counter: the caps above bound each
-    # label, not their product, which a writer could otherwise fill one exclusion at a time
-    max_exclusion_series: int = 10_000
+    A series is exported while it changed within ``export_retention_s`` (a job also while
+    an attempt of it is running), the most recently changed first up to its cap; the rest
+    are counted in ``gpufleet_fleet_exposition_left_out``. The retention must exceed the
+    longest rule window (``reliability_window``, 30d by default) so a series leaves only
+    once no window holds a change of it (see ``counters.py``)."""
+
+    max_nodes: int = 10_000  # nodes in gpufleet_fleet_node_excluded (excluded now)
+    max_training_jobs: int = 2_000  # jobs exported at once
+    max_exclusion_series: int = 10_000  # (node, reason, source) series exported at once
+    export_retention_s: float = 40 * 86400.0
     idempotency_window_s: float = 7 * 86400.0
 
     @property
     def worst_case_series(self) -> int:
-        """The most series the ledger's own families can reach at these caps."""
-        # per job: attempts 3 triggers x 4 outcomes, a downtime histogram per trigger
-        # (9 buckets, +Inf, sum, count), 3 chain outcomes, 1 open-chain gauge
-        per_job = 3 * 4 + 3 * 12 + 3 + 1
-        return self.max_exclusion_series + self.max_nodes + 1 + per_job * self.max_training_jobs
+        """The most series the ledger's own families can reach at these caps (self-metrics
+        included), however long it runs and however many jobs and nodes it has seen."""
+        # per job: attempts 3 triggers x 4 outcomes x 6 sources, each with its _created;
+        # a downtime histogram per trigger (9 buckets, +Inf, sum, count); 3 chain outcomes
+        # with their _created; 1 open-chain gauge
+        per_job = 3 * 4 * len(SOURCES) * 2 + 3 * 12 + 3 * 2 + 1
+        per_exclusion_series = 2  # the counter and its _created
+        self_series = 1 + 3 * len(EXPOSITION_KINDS)  # excluded_nodes; entries, limit, left out
+        return (
+            per_exclusion_series * self.max_exclusion_series
+            + self.max_nodes
+            + per_job * self.max_training_jobs
+            + self_series
+        )
+
+    def cap(self, kind: str) -> int:
+        """The cap on one kind of exported entry (``EXPOSITION_KINDS``)."""
+        return {
+            "exclusion_series": self.max_exclusion_series,
+            "excluded_node": self.max_nodes,
+            "training_job": self.max_training_jobs,
+        }[kind]
 
 
-# (label, LedgerLimits field, flag): what each cap is called where an operator changes it
-CAPPED_LABELS = (
-    ("node", "max_nodes", "--max-nodes"),
-    ("training_job", "max_training_jobs", "--max-training-jobs"),
-    ("reason", "max_reasons", "--max-reasons"),
-)
+# what the caps bound, as gpufleet_fleet_exposition_* label it
+EXPOSITION_KINDS = ("exclusion_series", "excluded_node", "training_job")
 
 
 class LedgerConflictError(Exception):
@@ -203,7 +247,8 @@ class LedgerConflictError(Exception):
 
 
 class LedgerCapError(Exception):
-    """The write would add a label value beyond a cap (HTTP 429); ``reason`` names the cap."""
+    """A write refused for a cap (HTTP 429); ``reason`` names the cap. Since schema 6 the
+    ledger raises it for nothing: its caps bound /metrics, never what it stores."""
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
@@ -318,7 +363,7 @@ class LedgerStore:
             try:
                 for statement in filter(str.strip, script.split(";")):
                     self._db.execute(statement)
-                if version in (3, 4):
+                if version == 6:  # the summaries' final shape (3 and 4 changed them before)
                     self._backfill_job_summaries(self._db)
                 self._db.execute(f"PRAGMA user_version = {version}")
                 self._db.execute("COMMIT")
@@ -327,7 +372,13 @@ class LedgerStore:
                 raise
 
     def _backfill_job_summaries(self, db: sqlite3.Connection) -> None:
-        for row in db.execute("SELECT DISTINCT training_job FROM attempts").fetchall():
+        """One summary per job, its whole history one exposition epoch."""
+        db.execute(
+            "INSERT OR REPLACE INTO job_summaries (training_job, summary, valid_until, "
+            "created_at, changed_at, running) SELECT training_job, '', NULL, "
+            "min(started_at), max(recorded_at), 0 FROM attempts GROUP BY training_job"
+        )
+        for row in db.execute("SELECT training_job FROM job_summaries").fetchall():
             self._refresh_job(db, row[0], self._clock())
 
     # -- the writer ---------------------------------------------------------------------------
@@ -410,51 +461,69 @@ class LedgerStore:
 
         return self.submit(work)
 
-    def _admit(self, db: sqlite3.Connection, label: str, value: str) -> None:
-        """Register a label value, refusing a new one beyond its cap."""
-        if db.execute(
-            "SELECT 1 FROM label_values WHERE label = ? AND value = ?", (label, value)
-        ).fetchone():
-            return
-        field, flag = next((f, fl) for name, f, fl in CAPPED_LABELS if name == label)
-        cap: int = getattr(self.limits, field)
-        known: int = db.execute(
-            "SELECT count(*) FROM label_values WHERE label = ?", (label,)
-        ).fetchone()[0]
-        if known >= cap:
-            raise LedgerCapError(
-                f"{label}_cap",
-                f"the ledger already exports {known} distinct {label} values, its cap "
-                f"({flag}); {label} {value!r} would be one more. The cap keeps /metrics bounded "
-                "and does not clear by waiting: check the writer, or raise the cap.",
-            )
-        db.execute("INSERT INTO label_values (label, value) VALUES (?, ?)", (label, value))
+    def _exported_until(self, now: float) -> float:
+        """A series whose last change is older than this is no longer exported."""
+        return now - self.limits.export_retention_s
 
-    def _admit_exclusion_series(self, db: sqlite3.Connection, event: ExclusionIn) -> None:
-        series = (event.node, event.reason, event.source)
-        if db.execute(
-            "SELECT 1 FROM exclusion_counts WHERE node = ? AND reason = ? AND source = ?", series
-        ).fetchone():
-            return
-        known: int = db.execute("SELECT count(*) FROM exclusion_counts").fetchone()[0]
-        if known >= self.limits.max_exclusion_series:
-            raise LedgerCapError(
-                "exclusion_series_cap",
-                f"the ledger already exports {known} (node, reason, source) exclusion series, "
-                f"its cap (--max-exclusion-series); {series} would be one more. The cap keeps "
-                "/metrics bounded and does not clear by waiting: check the writer, or raise it.",
+    def _job_attempts(self, db: sqlite3.Connection, job: str, since: float) -> list[dict[str, Any]]:
+        """The attempts of a job's exposition epoch: those written since it began."""
+        return [
+            dict(row)
+            for row in db.execute(
+                "SELECT * FROM attempts WHERE training_job = ? AND recorded_at >= ?", (job, since)
             )
+        ]
 
     def _refresh_job(self, db: sqlite3.Connection, job: str, now: float) -> None:
-        attempts = [
-            dict(row) for row in db.execute("SELECT * FROM attempts WHERE training_job = ?", (job,))
-        ]
-        summary = summarise_job(attempts, now, self.healthy_after)
+        """Recompute a job's exported summary over its current epoch's attempts."""
+        row = db.execute(
+            "SELECT created_at FROM job_summaries WHERE training_job = ?", (job,)
+        ).fetchone()
+        since = row[0] if row is not None else float("-inf")
+        summary = summarise_job(self._job_attempts(db, job, since), now, self.healthy_after)
         db.execute(
-            "INSERT OR REPLACE INTO job_summaries (training_job, summary, valid_until) "
-            "VALUES (?, ?, ?)",
-            (job, summary.to_json(), summary.valid_until),
+            "UPDATE job_summaries SET summary = ?, valid_until = ?, running = ? "
+            "WHERE training_job = ?",
+            (summary.to_json(), summary.valid_until, int(summary.running), job),
         )
+
+    def _touch_job(self, db: sqlite3.Connection, job: str, now: float) -> None:
+        """A write changed this job: it is exported from now, in a new exposition epoch
+        if it was not exported until now (see ``counters.py``), then recomputed."""
+        row = db.execute(
+            "SELECT created_at, changed_at, running FROM job_summaries WHERE training_job = ?",
+            (job,),
+        ).fetchone()
+        if row is None or not self._job_exported(db, row["changed_at"], row["running"], now):
+            db.execute(
+                "INSERT OR REPLACE INTO job_summaries (training_job, summary, valid_until, "
+                "created_at, changed_at, running) VALUES (?, '', NULL, ?, ?, 0)",
+                (job, now, now),
+            )
+        else:
+            db.execute("UPDATE job_summaries SET changed_at = ? WHERE training_job = ?", (now, job))
+        self._refresh_job(db, job, now)
+
+    def _job_exported(
+        self, db: sqlite3.Connection, changed_at: float, running: int, now: float
+    ) -> bool:
+        cutoff = self._exported_until(now)
+        if changed_at < cutoff and not running:
+            return False
+        newer: int = db.execute(
+            "SELECT count(*) FROM job_summaries WHERE changed_at > ? "
+            "AND (changed_at >= ? OR running)",
+            (changed_at, cutoff),
+        ).fetchone()[0]
+        return newer < self.limits.max_training_jobs
+
+    def _series_exported(self, db: sqlite3.Connection, changed_at: float, now: float) -> bool:
+        if changed_at < self._exported_until(now):
+            return False
+        newer: int = db.execute(
+            "SELECT count(*) FROM exclusion_counts WHERE changed_at > ?", (changed_at,)
+        ).fetchone()[0]
+        return newer < self.limits.max_exclusion_series
 
     def submit_exclusion(self, key: str, event: ExclusionIn) -> Future[Stored]:
         def apply(db: sqlite3.Connection, now: float) -> tuple[int, dict[str, Any]]:
@@ -467,19 +536,39 @@ class LedgerStore:
                     f"{event.node} is already excluded (exclusion {open_row['id']}); "
                     "release it first"
                 )
-            self._admit(db, "node", event.node)
-            self._admit(db, "reason", event.reason)
-            self._admit_exclusion_series(db, event)
             cursor = db.execute(
                 "INSERT INTO exclusions (node, reason, source, training_job, excluded_at, note, "
-                "idempotency_key) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (event.node, event.reason, event.source, event.training_job, at, event.note, key),
+                "idempotency_key, recorded_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    event.node,
+                    event.reason,
+                    event.source,
+                    event.training_job,
+                    at,
+                    event.note,
+                    key,
+                    now,
+                ),
             )
-            db.execute(
-                "INSERT INTO exclusion_counts (node, reason, source, count) VALUES (?, ?, ?, 1) "
-                "ON CONFLICT (node, reason, source) DO UPDATE SET count = count + 1",
-                (event.node, event.reason, event.source),
-            )
+            series = (event.node, event.reason, event.source)
+            counted = db.execute(
+                "SELECT changed_at FROM exclusion_counts "
+                "WHERE node = ? AND reason = ? AND source = ?",
+                series,
+            ).fetchone()
+            if counted is not None and self._series_exported(db, counted[0], now):
+                db.execute(
+                    "UPDATE exclusion_counts SET count = count + 1, changed_at = ? "
+                    "WHERE node = ? AND reason = ? AND source = ?",
+                    (now, *series),
+                )
+            else:  # a new series, or one back in the exposition: a new epoch
+                db.execute(
+                    "INSERT OR REPLACE INTO exclusion_counts "
+                    "(node, reason, source, count, created_at, changed_at) "
+                    "VALUES (?, ?, ?, 1, ?, ?)",
+                    (*series, now, now),
+                )
             return 201, {"id": cursor.lastrowid, "node": event.node, "excluded_at": at}
 
         return self._once(key, {"kind": "exclude", **event.model_dump()}, apply)
@@ -509,7 +598,7 @@ class LedgerStore:
     def submit_attempt_event(self, key: str, event: AttemptEventIn) -> Future[Stored]:
         def apply(db: sqlite3.Connection, now: float) -> tuple[int, dict[str, Any]]:
             status, body = self._apply_attempt(db, event, now)
-            self._refresh_job(db, event.training_job, now)
+            self._touch_job(db, event.training_job, now)
             return status, body
 
         return self._once(key, {"kind": "attempt", **event.model_dump()}, apply)
@@ -528,11 +617,10 @@ class LedgerStore:
                 raise LedgerConflictError("a started event needs a trigger")
             if row is not None:
                 raise LedgerConflictError(f"{where} has already started")
-            self._admit(db, "training_job", job)
             db.execute(
-                "INSERT INTO attempts (training_job, attempt, trigger, started_at, source) "
-                "VALUES (?, ?, ?, ?, ?)",
-                (job, number, event.trigger, at, event.source),
+                "INSERT INTO attempts (training_job, attempt, trigger, started_at, source, "
+                "recorded_at) VALUES (?, ?, ?, ?, ?, ?)",
+                (job, number, event.trigger, at, event.source, now),
             )
             return 201, {"training_job": job, "attempt": number, "started_at": at}
         if row is None:
@@ -542,15 +630,19 @@ class LedgerStore:
         if event.event == "first_step":
             if row["first_step_at"] is not None:
                 raise LedgerConflictError(f"{where} already reached its first step")
-            db.execute("UPDATE attempts SET first_step_at = ? WHERE id = ?", (at, row["id"]))
+            db.execute(
+                "UPDATE attempts SET first_step_at = ?, recorded_at = ? WHERE id = ?",
+                (at, now, row["id"]),
+            )
             return 200, {"training_job": job, "attempt": number, "first_step_at": at}
         if event.outcome is None:
             raise LedgerConflictError("an ended event needs an outcome")
         if row["ended_at"] is not None:
             raise LedgerConflictError(f"{where} has already ended")
         db.execute(
-            "UPDATE attempts SET ended_at = ?, outcome = ?, cause = ? WHERE id = ?",
-            (at, event.outcome, event.cause, row["id"]),
+            "UPDATE attempts SET ended_at = ?, outcome = ?, cause = ?, recorded_at = ? "
+            "WHERE id = ?",
+            (at, event.outcome, event.cause, now, row["id"]),
         )
         return 200, {"training_job": job, "attempt": number, "ended_at": at}
 
@@ -667,43 +759,52 @@ class LedgerStore:
         return self._page("attempts", key, (str, int), filters, limit=limit, cursor=cursor)
 
     def snapshot(self) -> LedgerSnapshot:
-        """What /metrics exports, read in one transaction: O(series) rows, not the history."""
+        """What /metrics exports, read in one transaction: the series changed within the
+        retention, most recent first up to each cap; O(exported series) rows, not the
+        history (the open exclusions are read from their partial index)."""
         now = self._clock()
+        cutoff = self._exported_until(now)
+        limits = self.limits
         snapshot = LedgerSnapshot()
         expired: list[str] = []
         with self._reader() as db:
             db.execute("BEGIN")
-            snapshot.exclusion_counts = [
-                (row[0], row[1], row[2], row[3])
-                for row in db.execute(
-                    "SELECT node, reason, source, count FROM exclusion_counts "
-                    "ORDER BY node, reason, source"
-                )
-            ]
-            snapshot.excluded = [
-                row[0]
-                for row in db.execute(
-                    "SELECT node FROM exclusions WHERE released_at IS NULL ORDER BY node"
-                )
-            ]
-            for job, text, valid_until in db.execute(
-                "SELECT training_job, summary, valid_until FROM job_summaries ORDER BY training_job"
-            ):
+            series = db.execute(
+                "SELECT node, reason, source, count, created_at FROM exclusion_counts "
+                "WHERE changed_at >= ? ORDER BY changed_at DESC, node, reason, source LIMIT ?",
+                (cutoff, limits.max_exclusion_series),
+            ).fetchall()
+            recent: int = db.execute(
+                "SELECT count(*) FROM exclusion_counts WHERE changed_at >= ?", (cutoff,)
+            ).fetchone()[0]
+            snapshot.exclusion_counts = sorted((r[0], r[1], r[2], r[3]) for r in series)
+            snapshot.created = {(r[0], r[1], r[2]): r[4] for r in series}
+            snapshot.left_out["exclusion_series"] = recent - len(series)
+            excluded = db.execute(
+                "SELECT node, excluded_at FROM exclusions WHERE released_at IS NULL"
+            ).fetchall()
+            newest = sorted(excluded, key=lambda r: (-r[1], r[0]))[: limits.max_nodes]
+            snapshot.excluded = sorted(r[0] for r in newest)
+            snapshot.excluded_total = len(excluded)
+            snapshot.left_out["excluded_node"] = len(excluded) - len(newest)
+            jobs = db.execute(
+                "SELECT training_job, summary, valid_until, created_at FROM job_summaries "
+                "WHERE changed_at >= ? OR running ORDER BY changed_at DESC, training_job LIMIT ?",
+                (cutoff, limits.max_training_jobs),
+            ).fetchall()
+            active: int = db.execute(
+                "SELECT count(*) FROM job_summaries WHERE changed_at >= ? OR running", (cutoff,)
+            ).fetchone()[0]
+            snapshot.left_out["training_job"] = active - len(jobs)
+            for job, text, valid_until, created_at in sorted(jobs, key=lambda r: str(r[0])):
+                snapshot.job_created[job] = created_at
                 if valid_until is not None and now >= valid_until:
                     # An attempt turned healthy since the last write: recompute this job.
-                    attempts = [
-                        dict(row)
-                        for row in db.execute(
-                            "SELECT * FROM attempts WHERE training_job = ?", (job,)
-                        )
-                    ]
+                    attempts = self._job_attempts(db, job, created_at)
                     snapshot.jobs[job] = summarise_job(attempts, now, self.healthy_after)
                     expired.append(job)
                 else:
                     snapshot.jobs[job] = JobSummary.from_json(text, valid_until)
-            snapshot.label_values = dict(
-                db.execute("SELECT label, count(*) FROM label_values GROUP BY label").fetchall()
-            )
             db.execute("COMMIT")
         for job in expired:
             self._refresh_later(job)

@@ -47,32 +47,54 @@ CHAIN_FAILURES = MetricDef(
     "Failed automatic attempts in the job's open retry chain (0 when none is open).",
     ("training_job",),
 )
+
+
+def _created(counter: MetricDef) -> MetricDef:
+    """A ledger counter's ``_created`` sample, as Prometheus stores it (a gauge): when the
+    counter's exposition epoch began, in Unix seconds. The rules compare it across their
+    window, so a series that left /metrics and came back counts from its return."""
+    name = counter.name.removesuffix("_total") + "_created"
+    return MetricDef(name, "gauge", counter.help, counter.labels)
+
+
+EXCLUSIONS_CREATED = _created(EXCLUSIONS)
+ATTEMPTS_CREATED = _created(ATTEMPTS)
+CHAINS_CREATED = _created(CHAINS)
 WRITES_REJECTED = MetricDef(
     "gpufleet_fleet_writes_rejected_total",
     "counter",
     "Writes the ledger refused, by reason (unauthorized, not_loopback, bad_key, "
-    "too_large, invalid, conflict, node_cap, training_job_cap, reason_cap, "
-    "exclusion_series_cap, unavailable).",
+    "too_large, invalid, conflict, unavailable).",
     ("reason",),
 )
-LABEL_VALUES = MetricDef(
-    "gpufleet_fleet_label_values",
+EXPOSITION_ENTRIES = MetricDef(
+    "gpufleet_fleet_exposition_entries",
     "gauge",
-    "Distinct values of each capped label the ledger exports (they are never forgotten).",
-    ("label",),
+    "What /metrics exports now, by kind: exclusion_series ((node, reason, source) series "
+    "changed within the retention), excluded_node, training_job (jobs written within the "
+    "retention or running). The ledger stores and answers every event, exported or not.",
+    ("kind",),
 )
-LABEL_VALUES_LIMIT = MetricDef(
-    "gpufleet_fleet_label_values_limit",
+EXPOSITION_LIMIT = MetricDef(
+    "gpufleet_fleet_exposition_entries_limit",
     "gauge",
-    "The cap on distinct values of each label; a write beyond it is refused (429).",
-    ("label",),
+    "The cap on exported entries of each kind (the most recently changed are exported).",
+    ("kind",),
+)
+EXPOSITION_LEFT_OUT = MetricDef(
+    "gpufleet_fleet_exposition_left_out",
+    "gauge",
+    "Entries within the retention that the cap left out of /metrics, by kind; the rules "
+    "under-count them (never over-count). Non-zero: raise the cap (--max-exclusion-series, "
+    "--max-nodes, --max-training-jobs).",
+    ("kind",),
 )
 INCIDENTS = MetricDef(
     "gpufleet_fleet_incidents_total",
     "counter",
     "Pages recorded as incidents (critical alerts of a node, from Alertmanager's webhook), "
     "by alert name; one per alert however often Alertmanager re-sent it. Alert names past "
-    "the 64th are counted under alertname=\"_other\".",
+    'the 64th are counted under alertname="_other".',
     ("alertname",),
 )
 WEBHOOK_ALERTS_IGNORED = MetricDef(
@@ -86,6 +108,9 @@ WEBHOOK_ALERTS_IGNORED = MetricDef(
 
 LEDGER_FAMILIES = (
     EXCLUSIONS,
+    EXCLUSIONS_CREATED,
+    ATTEMPTS_CREATED,
+    CHAINS_CREATED,
     EXCLUDED,
     EXCLUDED_NODES,
     ATTEMPTS,
@@ -93,8 +118,9 @@ LEDGER_FAMILIES = (
     CHAINS,
     CHAIN_FAILURES,
     WRITES_REJECTED,
-    LABEL_VALUES,
-    LABEL_VALUES_LIMIT,
+    EXPOSITION_ENTRIES,
+    EXPOSITION_LIMIT,
+    EXPOSITION_LEFT_OUT,
     INCIDENTS,
     WEBHOOK_ALERTS_IGNORED,
 )
