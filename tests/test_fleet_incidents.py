@@ -3,6 +3,7 @@ often it is re-sent, and the link from a page to the exclusion of its node that 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -10,6 +11,8 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet.fleet.alertmanager import MAX_ALERTS, MAX_BODY_BYTES, IncidentPolicy
@@ -357,3 +360,57 @@ def test_the_lists_page_and_filter(ledger: Ledger) -> None:
 def test_the_lists_need_a_reader_token_like_the_other_reads(ledger: Ledger) -> None:
     assert ledger.client.get("/v1/incidents").status_code == 401
     assert ledger.client.get("/v1/exclusions/unpaged").status_code == 401
+
+
+# -- any order of re-sends and resolutions ----------------------------------------------------
+
+ALERT_POOL = [  # (fingerprint suffix, start)
+    ("a1", NOW - 5 * HOUR),
+    ("a1", NOW - 3 * HOUR),  # the same alert firing again: another incident
+    ("b2", NOW - 4 * HOUR),
+]
+EXAMPLES = itertools.count()
+
+
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.lists(
+        st.lists(
+            st.tuples(st.sampled_from(range(len(ALERT_POOL))), st.sampled_from([None, 60.0, 90.0])),
+            min_size=1,
+            max_size=4,
+        ),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_any_order_of_re_sends_and_resolutions_keeps_one_incident_per_alert(
+    ledger: Ledger, notes: list[list[tuple[int, float | None]]]
+) -> None:
+    # One ledger for every example: each example's alerts have fingerprints of their own.
+    prefix = f"{next(EXAMPLES):014x}"
+    pool = [(prefix + suffix, start) for suffix, start in ALERT_POOL]
+    before = ledger.metric("gpufleet_fleet_incidents_total", alertname="GpuFleetCriticalXid") or 0
+    first_end: dict[int, float] = {}
+    for note in notes:
+        alerts = []
+        for index, after in note:
+            fingerprint, start = pool[index]
+            ends = None if after is None else start + after
+            if ends is not None:
+                first_end.setdefault(index, ends)
+            alerts.append(alert(fingerprint=fingerprint, starts=start, ends=ends))
+        assert ledger.page(*alerts).status_code == 200
+    sent = {index for note in notes for index, _ in note}
+    rows = {
+        (i["fingerprint"], i["started_at"]): i
+        for i in ledger.incidents()
+        if i["fingerprint"].startswith(prefix)
+    }
+    assert set(rows) == {pool[index] for index in sent}
+    for index in sent:
+        assert rows[pool[index]]["resolved_at"] == first_end.get(index)
+    counted = ledger.metric("gpufleet_fleet_incidents_total", alertname="GpuFleetCriticalXid")
+    assert counted == before + len(rows)
