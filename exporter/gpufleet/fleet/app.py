@@ -17,7 +17,12 @@ from pydantic import BaseModel, ValidationError
 
 from gpufleet import __version__, web
 from gpufleet.exposition import CONTENT_TYPE
-from gpufleet.fleet.alertmanager import IgnoredAlerts, IncidentPolicy, receive
+from gpufleet.fleet.alertmanager import (
+    IgnoredAlerts,
+    IncidentPolicy,
+    WebhookNotification,
+    receive,
+)
 from gpufleet.fleet.chains import histories
 from gpufleet.fleet.incidents import IncidentCollector, IncidentStore
 from gpufleet.fleet.metrics import LedgerCollector, Rejections
@@ -166,7 +171,18 @@ def _add_webhook(
 ) -> None:
     writes = access.writes()
 
-    @app.post("/v1/alertmanager", summary="Record Alertmanager's pages as incidents (webhook)")
+    @app.post(
+        "/v1/alertmanager",
+        summary="Record Alertmanager's pages as incidents (its webhook)",
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {"schema": WebhookNotification.model_json_schema()}
+                },
+            }
+        },
+    )
     async def alertmanager(request: Request) -> Response:
         try:
             return await receive(request, incidents, writes, policy, ignored)
