@@ -227,7 +227,8 @@ def test_every_flag_of_a_service_has_a_variable_and_help_names_it() -> None:
     from gpufleet.cli.options import Command
 
     services = [c for c in COMMANDS if isinstance(c, Command) and c.service]
-    assert {c.name for c in services} == {"agent", "fleet", "simulate", "demo", "kube-watch"}
+    assert {c.name for c in services} == {
+        "agent", "fleet", "simulate", "demo", "kube-watch", "slurm-watch"}  # fmt: skip
     for command in services:
         shown = run_cli(command.name, "--help").stdout
         for option in command.options:

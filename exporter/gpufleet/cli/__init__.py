@@ -4,7 +4,7 @@ Every command declares its flags the same way (:class:`~gpufleet.cli.options.Opt
 parsing one of the value kinds in ``kinds``; ``resolve`` turns the parsed values into
 settings, tokens and logging), one module per family: ``agent`` (agent, nvml-record),
 ``fleet`` (the ledger and the commands that talk to it), ``kube`` (kube-watch),
-``simulate`` (simulate, demo, mixin). Every flag of a long-running
+``slurm`` (slurm-watch), ``simulate`` (simulate, demo, mixin). Every flag of a long-running
 service can also be set from a ``GPUFLEET_*`` environment variable (the Helm chart and
 compose file set those); a flag on the command line wins over the environment. What a
 command does lives in the package it belongs to; a command here only turns flags into
@@ -26,6 +26,7 @@ from gpufleet.cli.fleet import EXCLUDE, EXCLUSIONS, FLEET, FLEET_OPTIONS, RELEAS
 from gpufleet.cli.kube import KUBE_WATCH
 from gpufleet.cli.options import Command, ConfigError, Group
 from gpufleet.cli.simulate import DEMO, MIXIN, SIMULATE
+from gpufleet.cli.slurm import SLURM_WATCH
 from gpufleet.fleet.ledger_client import LedgerError
 
 __all__ = [
@@ -54,6 +55,7 @@ COMMANDS: tuple[Command | Group, ...] = (
     REPORT,
     EXCLUSIONS,
     KUBE_WATCH,
+    SLURM_WATCH,
     DEMO,
     MIXIN,
 )

@@ -7,6 +7,7 @@ from gpufleet.schema.agent import INGEST_FAMILIES, SELF_FAMILIES
 from gpufleet.schema.external import PROMETHEUS_FAMILIES
 from gpufleet.schema.family import MetricDef
 from gpufleet.schema.ledger import LEDGER_FAMILIES
+from gpufleet.schema.slurm import SLURM_WATCH_FAMILIES
 from gpufleet.schema.training import CHECKPOINT_FAMILIES, TRAINING_FAMILIES
 
 # What gpufleet's own components export.
@@ -17,6 +18,7 @@ EXPORTED: tuple[MetricDef, ...] = (
     *INGEST_FAMILIES,
     *SELF_FAMILIES,
     *LEDGER_FAMILIES,
+    *SLURM_WATCH_FAMILIES,
 )
 BY_NAME: dict[str, MetricDef] = {metric.name: metric for metric in EXPORTED}
 
