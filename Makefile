@@ -72,7 +72,15 @@ deploy-tools: $(TOOLS)/helm
 	  $(SUDO) apt-get update && \
 	  $(SUDO) apt-get install -y --no-install-recommends docker-compose; }
 
-test: venv binaries prometheus3 deploy-tools check-generated lint pytest
+# Slurm (slurmctld, a slurmd, the client commands) and munge from Debian: tests/
+# test_slurm_watch.py runs a real cluster on 127.0.0.1 for gpufleet slurm-watch.
+slurm-packages:
+	@test -x /usr/sbin/slurmctld && test -x /usr/sbin/slurmd && test -x /usr/sbin/munged && \
+	  command -v sbatch >/dev/null || { \
+	  $(SUDO) apt-get update && \
+	  $(SUDO) apt-get install -y --no-install-recommends slurmctld slurmd slurm-client munge; }
+
+test: venv binaries prometheus3 deploy-tools slurm-packages check-generated lint pytest
 
 # The containers for real: Docker's engine (Debian's docker.io; dockerd started when none
 # answers and stopped at the end), the local images of deploy/compose/local-images/ (the
