@@ -11,6 +11,7 @@ instead of skipping it.
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import shutil
@@ -69,8 +70,8 @@ class SlurmCluster:
         lines = [
             f"ClusterName={CLUSTER}",
             f"SlurmctldHost={self.host}(127.0.0.1)",
-            "SlurmUser=root",
-            "SlurmdUser=root",
+            f"SlurmUser={getpass.getuser()}",
+            f"SlurmdUser={getpass.getuser()}",
             f"SlurmctldPort={ctld}",
             f"SlurmdPort={slurmd}",
             "AuthType=auth/munge",

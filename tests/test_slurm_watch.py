@@ -142,6 +142,17 @@ def test_the_command_line_defaults() -> None:
     assert values.state_file == "/var/lib/gpufleet/slurm-watch.json"
 
 
+def test_the_systemd_unit_sets_only_variables_the_command_reads() -> None:
+    from gpufleet.cli.slurm import SLURM_WATCH_OPTIONS
+
+    unit = Path(__file__).parents[1] / "deploy" / "slurm" / "gpufleet-slurm-watch.service"
+    text = unit.read_text()
+    variables = {line.split("=", 2)[1] for line in text.splitlines()
+                 if line.startswith("Environment=")}  # fmt: skip
+    assert variables <= {option.env for option in SLURM_WATCH_OPTIONS}
+    assert "ExecStart=/opt/gpufleet/bin/gpufleet slurm-watch\n" in text
+
+
 def test_the_watcher_exports_what_the_schema_defines() -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -255,6 +266,24 @@ def test_a_drain_is_one_exclusion_and_its_resume_one_release_however_often_seen(
     assert sum(restarted.stats.changes.values()) == 0
     (exclusion,) = rows(ledger, "/v1/exclusions")
     assert exclusion["released_at"] is not None
+
+
+@pytest.mark.integration
+def test_a_drain_older_than_the_ledger_keeps_keys_is_skipped_not_sent(
+    slurm: SlurmCluster, ledger: Any
+) -> None:
+    slurm.drain("gpu01", "Kill task failed")
+    try:
+        # Seen a week later by a watcher with no state: its key may have expired in the
+        # ledger, so sending it could count it twice.
+        later = SlurmWatcher(SlurmCommands(), SlurmLedger(ledger.url, TOKEN), CLUSTER,
+                             clock=lambda: time.time() + 7 * 86400)  # fmt: skip
+        assert later.poll() and later.poll()
+        assert rows(ledger, "/v1/exclusions") == []
+        assert sample(later, "gpufleet_slurm_watch_skipped_total", action="exclude") == 1
+        assert sample(later, "gpufleet_slurm_watch_changes_total", action="exclude") == 0
+    finally:
+        slurm.resume("gpu01")
 
 
 @pytest.mark.integration
