@@ -10,6 +10,7 @@ from gpufleet.rules.common import Alert, Group, Record, SeriesNames, metric
 from gpufleet.rules.config import RulesConfig
 from gpufleet.rules.inline import duration_seconds
 from gpufleet.rules.presence import presence_note, targets_missing, targets_record
+from gpufleet.schema import ledger
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,12 +34,25 @@ class ReliabilitySeries(SeriesNames):
 
 def reliability_groups(config: RulesConfig) -> list[Group]:
     sel = config.fleet_selector
-    exclusions = metric("gpufleet_fleet_node_exclusions_total", sel)
-    failed = metric("gpufleet_fleet_job_attempts_total", sel, 'outcome="failed"')
+    exclusions = metric(ledger.EXCLUSIONS.name, sel), metric(ledger.EXCLUSIONS_CREATED.name, sel)
+    failed = (
+        metric(ledger.ATTEMPTS.name, sel, 'outcome="failed"'),
+        metric(ledger.ATTEMPTS_CREATED.name, sel, 'outcome="failed"'),
+    )
 
-    def since(series: str, window: str) -> str:
-        # Series the ledger creates at the first event count in full.
-        return f"({series} - ({series} offset {window} or {series} * 0))"
+    def since(counter: tuple[str, str], window: str) -> str:
+        # The counter's increase within the window. The ledger exports a series while it
+        # changed recently, each in an exposition epoch (its _created, fleet/counters.py):
+        # the value `window` ago is subtracted when it is of the same epoch (or from a ledger
+        # that exports no _created), else the epoch began within the window and counts in
+        # full, as a series seen for the first time does.
+        series, created = counter
+        before = f"{series} offset {window}"
+        same_epoch = (
+            f"({before} unless {created} offset {window})\n"
+            f"  or ({before} and {created} offset {window} == {created})"
+        )
+        return f"({series} - (\n  {same_epoch}\n  or {series} * 0\n))"
 
     week, month = config.repeat_offender_window, config.reliability_window
     series = ReliabilitySeries.of(config)
