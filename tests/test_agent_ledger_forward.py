@@ -16,7 +16,7 @@ from gpufleet.devstack import free_port, http_get, http_json, wait_until
 from gpufleet.fleet.app import create_app
 from gpufleet.fleet.ledger_client import LedgerClient
 from gpufleet.fleet.models import AttemptEventIn
-from gpufleet.fleet.store import LedgerLimits, LedgerStore
+from gpufleet.fleet.store import LedgerStore
 from gpufleet.reporter.events import attempt_key
 
 T0 = 1_800_000_000.0
@@ -40,7 +40,7 @@ LIFE = ("started", "first_step", "ended")
 
 @pytest.fixture
 def ledger_store(tmp_path: Path) -> Iterator[LedgerStore]:
-    store = LedgerStore(tmp_path / "ledger.db", limits=LedgerLimits(max_training_jobs=3))
+    store = LedgerStore(tmp_path / "ledger.db")
     yield store
     store.close()
 
@@ -131,13 +131,13 @@ def test_refusals_are_counted_by_reason(
     assert without_token.counts.outcomes()["refused"] == 1
 
     forwarder = forwarders(url, token="s3cret-token")
-    # job-b's first step whose start never arrived; four jobs over the ledger's cap of three
+    # job-b's first step whose start never arrived
     forwarder.submit([event("first_step", job="job-b")])
     forwarder.submit([event("started", job=f"job-{n}") for n in range(4)])
     assert forwarder.wait_idle(30)
-    assert forwarder.counts.refusals() == {"not_started": 1, "ledger_cap": 1}
+    assert forwarder.counts.refusals() == {"not_started": 1}
     outcomes = forwarder.counts.outcomes()
-    assert (outcomes["forwarded"], outcomes["refused"]) == (3, 2)
+    assert (outcomes["forwarded"], outcomes["refused"]) == (4, 1)
 
 
 def test_a_full_queue_drops_and_counts_and_a_dead_ledger_fails_in_time(
