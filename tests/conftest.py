@@ -1,10 +1,24 @@
 """Shared fixtures: fake NVML from recorded fixtures, real Prometheus / Alertmanager,
-an ASGI app served for real by uvicorn, and a webhook receiver for alerts."""
+an ASGI app served for real by uvicorn, and a webhook receiver for alerts.
+
+Prometheus majors: a test that runs Prometheus's family (prometheus, promtool,
+Alertmanager, VictoriaMetrics, vmalert) runs on 3 (Debian sid's 3.5 LTS, Alertmanager
+0.33, VictoriaMetrics 1.145; `make prometheus3`), the version the compose demo and the
+chart ship, unless it is marked ``@pytest.mark.prometheus("2", "3")`` (or ``("2")``),
+then once per major listed (2: the system's, Debian bookworm's 2.42, Alertmanager 0.25,
+VictoriaMetrics 1.79). A test that asks for ``prometheus_major`` (directly, or through
+``prometheus_factory`` / ``alertmanager_factory``) carries it in its id (``[prom3]``);
+every test gets GPUFLEET_PROMETHEUS and PATH set to its major, so ``find_binary``, a bare
+``promtool`` and child processes all find the same binaries. The report header lists the
+exact versions of both.
+"""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
 import sys
 import threading
 import time
@@ -16,12 +30,130 @@ from typing import Any, Protocol, Self, TypeVar
 import pytest
 import uvicorn
 
-from gpufleet.devstack import AlertmanagerServer, PrometheusServer, free_port, wait_until
+from gpufleet.devstack import (
+    PROMETHEUS3_BIN,
+    PROMETHEUS_MAJOR_VARIABLE,
+    PROMETHEUS_MAJORS,
+    AlertmanagerServer,
+    PrometheusServer,
+    free_port,
+    prometheus_bin_dir,
+    wait_until,
+)
 from gpufleet.gpu.fake import FakeNvml, bundled_fixture
 from gpufleet.rules.__main__ import write_all
 from gpufleet.rules.config import RulesConfig
 
 ServerT = TypeVar("ServerT", bound="Server")
+
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_MAJOR = "3"  # the version docker-compose.yml and the chart's users run
+SYSTEM_PATH = os.environ.get("PATH", "")
+_VERSIONED = ("prometheus", "promtool", "prometheus-alertmanager")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        'prometheus(*majors): run once per Prometheus major listed ("2", "3"); default "3"',
+    )
+
+
+def majors_of(node: pytest.Item | pytest.Function | Any) -> tuple[str, ...]:
+    marker = node.get_closest_marker("prometheus")
+    majors = tuple(marker.args) if marker is not None else (DEFAULT_MAJOR,)
+    unknown = set(majors) - set(PROMETHEUS_MAJORS)
+    assert not unknown, f"{node.nodeid}: no Prometheus major {sorted(unknown)}"
+    return majors
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "prometheus_major" in metafunc.fixturenames:
+        # Module scope: a module's shared Prometheus (a module fixture) is started once
+        # per major, and its tests are grouped by major.
+        majors = majors_of(metafunc.definition)
+        metafunc.parametrize(
+            "prometheus_major", majors, ids=[f"prom{major}" for major in majors], scope="module"
+        )
+
+
+@pytest.fixture(scope="module")
+def prometheus_major() -> str:
+    """The Prometheus major this test runs on (parametrized by pytest_generate_tests)."""
+    return DEFAULT_MAJOR
+
+
+def fetch_prometheus3() -> None:
+    """Debian sid's Prometheus 3 into .tools/ (`make prometheus3`), once, when missing."""
+    if (PROMETHEUS3_BIN / "promtool").exists():
+        return
+    script = REPO / "deploy" / "tools" / "fetch-prometheus3.sh"
+    result = subprocess.run(
+        [str(script), str(PROMETHEUS3_BIN.parents[1])],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    if result.returncode != 0:
+        from deploy_tools import unavailable
+
+        unavailable(f"`make prometheus3` could not fetch Prometheus 3:\n{result.stderr[-2000:]}")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before any fixture of ``item`` starts: its Prometheus major in the environment."""
+    callspec = getattr(item, "callspec", None)
+    major = callspec.params.get("prometheus_major") if callspec is not None else None
+    major = major or majors_of(item)[0]
+    if major == "3":
+        fetch_prometheus3()
+    directory = prometheus_bin_dir(major)
+    os.environ[PROMETHEUS_MAJOR_VARIABLE] = major
+    os.environ["PATH"] = SYSTEM_PATH if directory is None else f"{directory}:{SYSTEM_PATH}"
+    item.user_properties.append(("prometheus_major", major))
+
+
+def binary_version(path: Path | str) -> str:
+    try:
+        first = subprocess.run(
+            [str(path), "--version"], capture_output=True, text=True, timeout=20, check=False
+        ).stdout.splitlines()
+    except OSError:
+        return "missing"
+    # "prometheus, version 3.5.3+ds1 (branch: ...)"
+    return first[0].split(" version ")[-1].split()[0] if first else "unknown"
+
+
+def toolset_versions(major: str) -> dict[str, str]:
+    """The version of each of ``major``'s binaries; VictoriaMetrics's Debian builds print
+    none, so their package's version stands in."""
+    directory = prometheus_bin_dir(major)
+    versions = {
+        name: binary_version(directory / name if directory else f"/usr/bin/{name}")
+        for name in _VERSIONED
+    }
+    if directory is None:
+        package = subprocess.run(
+            ["dpkg-query", "-W", "-f=${Version}", "victoria-metrics"],
+            capture_output=True, text=True, check=False,
+        ).stdout  # fmt: skip
+    else:
+        stamp = directory.parents[1] / "fetched"
+        lines = stamp.read_text().splitlines() if stamp.exists() else []
+        package = next((line.split("=", 1)[1] for line in lines
+                        if line.startswith("victoria-metrics=")), "")  # fmt: skip
+    versions["victoria-metrics/vmalert"] = package or "missing"
+    return versions
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    lines = []
+    for major in PROMETHEUS_MAJORS:
+        where = prometheus_bin_dir(major) or "PATH"
+        found = ", ".join(f"{name} {version}" for name, version in toolset_versions(major).items())
+        default = " (unmarked tests)" if major == DEFAULT_MAJOR else ""
+        lines.append(f"prom{major}{default}: {found} [{where}]")
+    return lines
 
 
 @pytest.fixture
@@ -59,14 +191,20 @@ def started_servers(
 
 
 @pytest.fixture
-def prometheus_factory(tmp_path: Path) -> Iterator[Callable[..., PrometheusServer]]:
-    """Start real Prometheus servers on 127.0.0.1; all are stopped by PID afterwards."""
+def prometheus_factory(
+    tmp_path: Path, prometheus_major: str
+) -> Iterator[Callable[..., PrometheusServer]]:
+    """Start real Prometheus servers on 127.0.0.1 (of the test's major); all are stopped
+    by PID afterwards."""
     yield from started_servers(PrometheusServer, tmp_path, "prometheus")
 
 
 @pytest.fixture
-def alertmanager_factory(tmp_path: Path) -> Iterator[Callable[..., AlertmanagerServer]]:
-    """Start real Alertmanagers on 127.0.0.1; all are stopped by PID afterwards."""
+def alertmanager_factory(
+    tmp_path: Path, prometheus_major: str
+) -> Iterator[Callable[..., AlertmanagerServer]]:
+    """Start real Alertmanagers on 127.0.0.1 (0.25 beside Prometheus 2, 0.33 beside 3);
+    all are stopped by PID afterwards."""
     yield from started_servers(AlertmanagerServer, tmp_path, "alertmanager")
 
 

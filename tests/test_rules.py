@@ -33,7 +33,8 @@ def alerts() -> list[dict[str, Any]]:
     return [rule for rule in rules() if "alert" in rule]
 
 
-def test_promtool_checks_every_rule_file() -> None:
+@pytest.mark.prometheus("2", "3")
+def test_promtool_checks_every_rule_file(prometheus_major: str) -> None:
     result = subprocess.run(
         [find_binary("promtool"), "check", "rules", *map(str, RULE_FILES)],
         capture_output=True, text=True, check=False,
@@ -49,7 +50,8 @@ def vmalert_dry_run(files: list[Path]) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-def test_vmalert_accepts_every_rule_file_unchanged(tmp_path: Path) -> None:
+@pytest.mark.prometheus("2", "3")
+def test_vmalert_accepts_every_rule_file_unchanged(tmp_path: Path, prometheus_major: str) -> None:
     result = vmalert_dry_run(RULE_FILES)
     assert result.returncode == 0, result.stdout + result.stderr
     broken = tmp_path / "broken.rules.yaml"
@@ -57,8 +59,9 @@ def test_vmalert_accepts_every_rule_file_unchanged(tmp_path: Path) -> None:
     assert vmalert_dry_run([*RULE_FILES, broken]).returncode != 0
 
 
+@pytest.mark.prometheus("2", "3")
 @pytest.mark.parametrize("test_file", TEST_FILES, ids=lambda path: path.name)
-def test_promtool_unit_tests(test_file: Path) -> None:
+def test_promtool_unit_tests(test_file: Path, prometheus_major: str) -> None:
     result = subprocess.run(
         [find_binary("promtool"), "test", "rules", test_file.name],
         capture_output=True, text=True, check=False, cwd=test_file.parent,

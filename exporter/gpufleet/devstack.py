@@ -35,19 +35,58 @@ _INSTALL_HINT = {
     "prometheus-alertmanager": "apt-get install -y --no-install-recommends prometheus-alertmanager",
 }
 
+# Which Prometheus (with its Alertmanager, VictoriaMetrics and vmalert) the dev stack
+# runs: "2", or unset, for the system's binaries on PATH (Debian bookworm's 2.42,
+# Alertmanager 0.25, VictoriaMetrics 1.79); "3" for Debian sid's Prometheus 3.5,
+# Alertmanager 0.33 and VictoriaMetrics 1.145 that `make prometheus3` unpacks into the
+# checkout. The tests set it per test (tests/conftest.py); bench and `gpufleet demo` read it.
+PROMETHEUS_MAJOR_VARIABLE = "GPUFLEET_PROMETHEUS"
+PROMETHEUS_MAJORS = ("2", "3")
+PROMETHEUS3_BIN = Path(__file__).resolve().parents[2] / ".tools" / "prometheus3" / "usr" / "bin"
+PROMETHEUS_FAMILY = (
+    "prometheus", "promtool", "prometheus-alertmanager", "amtool", "victoria-metrics", "vmalert",
+)  # fmt: skip
+
 
 class DevstackError(RuntimeError):
     pass
 
 
+def prometheus_major() -> str:
+    """The Prometheus major the dev stack runs, from GPUFLEET_PROMETHEUS (default 2)."""
+    major = os.environ.get(PROMETHEUS_MAJOR_VARIABLE) or "2"
+    if major not in PROMETHEUS_MAJORS:
+        raise DevstackError(
+            f"{PROMETHEUS_MAJOR_VARIABLE}={major!r}: expected 2 (the system's Prometheus, "
+            f"on PATH) or 3 (Prometheus 3.5 from `make prometheus3`, in {PROMETHEUS3_BIN})"
+        )
+    return major
+
+
+def prometheus_bin_dir(major: str) -> Path | None:
+    """Where Prometheus ``major``'s family of binaries lives; None: on PATH."""
+    return PROMETHEUS3_BIN if major == "3" else None
+
+
 def find_binary(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
+    """The path of ``name``; for Prometheus's family, that of the major GPUFLEET_PROMETHEUS
+    names."""
+    directory = prometheus_bin_dir(prometheus_major()) if name in PROMETHEUS_FAMILY else None
+    if directory is not None:
+        path = directory / name
+        if not os.access(path, os.X_OK):
+            raise DevstackError(
+                f"{name} of Prometheus 3 is not in {directory} "
+                f"({PROMETHEUS_MAJOR_VARIABLE}=3); fetch it with: make prometheus3"
+            )
+        return str(path)
+    found = shutil.which(name)
+    if found is None:
         hint = _INSTALL_HINT.get(name, "")
         raise DevstackError(
             f"{name} is not on PATH" + (f"; install it with: {hint}" if hint else "")
         )
-    return path
+    return found
 
 
 def free_port() -> int:
