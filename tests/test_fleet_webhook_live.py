@@ -24,7 +24,8 @@ from gpufleet.devstack import AlertmanagerServer, http_get, http_json, wait_unti
 from gpufleet.fleet.app import create_app
 from gpufleet.fleet.store import LedgerStore
 
-pytestmark = pytest.mark.integration
+# Alertmanager 0.25 (beside Prometheus 2) and 0.33 (beside 3) both page the ledger.
+pytestmark = [pytest.mark.integration, pytest.mark.prometheus("2", "3")]
 
 TOKEN = "live-webhook-token"
 XID = {"alertname": "GpuFleetCriticalXid", "severity": "critical", "node": "node-a", "xid": "79"}
