@@ -7,11 +7,11 @@ Alertmanager 0.25, VictoriaMetrics 1.79), unless it is marked
 ``@pytest.mark.prometheus("2", "3")`` (or ``("3")``), then once per major listed (3: Debian
 sid's 3.5 LTS, Alertmanager 0.33, VictoriaMetrics 1.145; `make prometheus3`). The default
 stays 2 until the live suites (demo story, dashboards, dcgm, scale-out) have been run on 3
-and the compose demo ships 3 (issue 41). A test that asks for ``prometheus_major`` (directly, or through
-``prometheus_factory`` / ``alertmanager_factory``) carries it in its id (``[prom3]``);
-every test gets GPUFLEET_PROMETHEUS and PATH set to its major, so ``find_binary``, a bare
-``promtool`` and child processes all find the same binaries. The report header lists the
-exact versions of both.
+and the compose demo ships 3 (issue 41). A test that asks for ``prometheus_major``
+(directly, or through ``prometheus_factory`` / ``alertmanager_factory``) carries it in its
+id (``[prom3]``); every test gets GPUFLEET_PROMETHEUS and PATH set to its major, so
+``find_binary``, a bare ``promtool`` and child processes all find the same binaries. The
+report header lists the exact versions of both.
 """
 
 from __future__ import annotations
