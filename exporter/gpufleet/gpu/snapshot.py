@@ -5,12 +5,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpufleet.exposition import format_labels
-from gpufleet.gpu.catalogue import GPU_LABELS
+from gpufleet.gpu.catalogue import GPU_LABELS, NODE_LABEL
+
+# dcgm-exporter's labels of a MIG instance's series. Its template
+# (internal/pkg/rendermetrics/render_metrics.go) writes them after modelName and
+# before the node label: gpu, UUID, pci_bus_id, device, modelName, GPU_I_PROFILE,
+# GPU_I_ID, Hostname. GPU_I_ID is NVML's GPU instance id (DCGM's NvmlInstanceId),
+# GPU_I_PROFILE the instance's profile name ("1g.10gb").
+MIG_PROFILE_LABEL = "GPU_I_PROFILE"
+MIG_INSTANCE_LABEL = "GPU_I_ID"
 
 
 @dataclass(frozen=True, slots=True)
 class GpuIdentity:
-    """What identifies a GPU; it becomes dcgm-exporter's label set."""
+    """What identifies a GPU or one MIG instance of it; it becomes dcgm-exporter's label set.
+
+    A MIG instance keeps its parent GPU's index, UUID, bus id, device and model, as
+    dcgm-exporter labels it, and adds the instance's profile and GPU instance id."""
 
     index: int
     uuid: str
@@ -18,6 +29,20 @@ class GpuIdentity:
     minor_number: int
     model: str
     hostname: str
+    # Set only on a MIG instance's reading (from NVML's MIG device handle).
+    mig_profile: str | None = None
+    mig_instance_id: int | None = None
+    mig_uuid: str | None = None  # the MIG device's own UUID, "MIG-..."
+    mig_compute_instance_id: int | None = None
+
+    @property
+    def is_mig(self) -> bool:
+        return self.mig_instance_id is not None
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """Unique within a snapshot, where instances share their parent's index."""
+        return (self.index, -1 if self.mig_instance_id is None else self.mig_instance_id)
 
     @property
     def device(self) -> str:
@@ -32,7 +57,16 @@ class GpuIdentity:
             self.model,
             self.hostname,
         )
-        return tuple(zip(GPU_LABELS, values, strict=True))
+        pairs = tuple(zip(GPU_LABELS, values, strict=True))
+        if self.mig_instance_id is None:
+            return pairs
+        mig = (
+            (MIG_PROFILE_LABEL, self.mig_profile or ""),
+            (MIG_INSTANCE_LABEL, str(self.mig_instance_id)),
+        )
+        # GPU_LABELS ends with the node label; the MIG labels go just before it.
+        assert pairs[-1][0] == NODE_LABEL
+        return (*pairs[:-1], *mig, pairs[-1])
 
     def labels(self) -> str:
         return format_labels(self.label_pairs())
@@ -56,6 +90,8 @@ class GpuSnapshot:
     duration_seconds: float
     driver_version: str
     cuda_driver_version: str
+    # Whole GPUs; after a GPU in MIG mode, one reading per MIG instance of it
+    # (identity.is_mig) holding what NVML serves per instance.
     gpus: tuple[GpuReading, ...]
     gpus_expected: int
     # field name -> number of GPUs on which NVML reports it unsupported
@@ -63,4 +99,5 @@ class GpuSnapshot:
 
     @property
     def gpus_seen(self) -> int:
-        return sum(1 for reading in self.gpus if reading.up)
+        """GPUs answering; MIG instances are not GPUs and are not counted."""
+        return sum(1 for reading in self.gpus if reading.up and not reading.identity.is_mig)
