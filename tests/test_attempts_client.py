@@ -201,12 +201,20 @@ def test_no_launcher_or_a_non_zero_rank_starts_nothing(tmp_path: Path, stack: St
             },
             ("torchrun", 5, "auto"),
         ),
+        (
+            {
+                "TORCHELASTIC_RUN_ID": "r",
+                "TORCHELASTIC_RESTART_COUNT": "2",
+                "TORCHELASTIC_MAX_RESTARTS": "2",
+            },
+            ("torchrun", 3, "auto", True),  # torchrun's last restart: no attempt follows
+        ),
         ({"GPUFLEET_ATTEMPT": "2"}, ("manual", 2, "manual")),
         ({"SLURM_JOB_ID": "77", "GPUFLEET_ATTEMPTS": "off"}, None),
     ],
 )
 def test_the_launchers_environment_numbers_the_attempt(
-    env: dict[str, str], expected: tuple[str, int, str] | None
+    env: dict[str, str], expected: tuple[str, int, str] | tuple[str, int, str, bool] | None
 ) -> None:
     found = launched_attempt(env)
     assert found == (LaunchedAttempt(*expected) if expected else None)  # type: ignore[arg-type]

@@ -244,9 +244,17 @@ def test_a_job_that_keeps_crashing_pages_for_its_failing_retries(
     )
     assert [row["trigger"] for row in rows] == ["initial", "auto", "auto", "auto"]
     assert [(row["outcome"], row["cause"]) for row in rows] == [("failed", "RuntimeError")] * 4
+    # the fourth attempt was torchrun's last (TORCHELASTIC_MAX_RESTARTS=3): it said so
+    assert [bool(row["restarts_exhausted"]) for row in rows] == [False, False, False, True]
     (chain,) = stack.chains(job)["chains"]
-    # torchrun gave up: no attempt will recover it, nobody restarted it by hand yet
-    assert (chain["outcome"], chain["attempts"], chain["failed_attempts"]) == ("open", [2, 3, 4], 3)
+    # torchrun gave up: the chain is abandoned, its three failed retries still page until
+    # somebody starts the job again
+    assert (chain["outcome"], chain["attempts"], chain["failed_attempts"]) == (
+        "abandoned",
+        [2, 3, 4],
+        3,
+    )
+    assert chain["restarts_exhausted"] is True
 
     prometheus = prometheus_factory(
         scrape_configs=[static_scrape_config("gpufleet-fleet", [f"127.0.0.1:{stack.ledger_port}"])],

@@ -101,6 +101,27 @@ def test_a_cancelled_job_abandons_its_chain() -> None:
     assert history.chains[0].outcome == "abandoned"
 
 
+def test_a_launcher_that_gives_up_abandons_the_chain_and_says_which_attempt() -> None:
+    last = {**attempt(3, "auto", H + 300, None, H + 400, "failed"), "restarts_exhausted": 1}
+    history = job_history(
+        [
+            attempt(1, "initial", 0, 60, H, "failed"),
+            attempt(2, "auto", H + 60, None, H + 120, "failed"),
+            last,
+        ],
+        now=2 * H,
+    )
+    (chain,) = history.chains
+    assert (chain.outcome, chain.failed_attempts, chain.exhausted_at) == ("abandoned", 2, 3)
+    assert chain.ended_at == H + 400
+
+
+def test_with_no_restarts_allowed_the_first_failure_opens_an_abandoned_chain() -> None:
+    only = {**attempt(1, "initial", 0, 60, H, "failed"), "restarts_exhausted": 1}
+    (chain,) = job_history([only], now=2 * H).chains
+    assert (chain.outcome, chain.attempts, chain.exhausted_at) == ("abandoned", [], 1)
+
+
 def test_an_attempt_with_no_end_is_failed_by_the_next_attempts_start() -> None:
     """SIGKILL or a lost node: attempt 1 never sent `ended`; attempt 2 starting ends it."""
     history = job_history(

@@ -59,6 +59,7 @@ events = st.lists(
             st.sampled_from(["started", "first_step", "ended"]),
             st.sampled_from(["initial", "auto", "manual"]),
             st.sampled_from(["success", "failed", "cancelled"]),
+            st.booleans(),  # restarts_exhausted (ignored unless failed)
         ),
         st.tuples(st.just("wait"), st.sampled_from([60.0, 900.0, 1800.0, 7200.0])),
     ),
@@ -74,11 +75,16 @@ def apply(store: LedgerStore, clock: Clock, index: int, event: tuple[Any, ...]) 
         elif event[0] == "release":
             store.release(key, ReleaseIn(node=event[1]))
         elif event[0] == "attempt":
-            _, job, number, kind, trigger, outcome = event
+            _, job, number, kind, trigger, outcome, exhausted = event
             store.attempt_event(
                 key,
                 AttemptEventIn(
-                    training_job=job, attempt=number, event=kind, trigger=trigger, outcome=outcome
+                    training_job=job,
+                    attempt=number,
+                    event=kind,
+                    trigger=trigger,
+                    outcome=outcome,
+                    restarts_exhausted=exhausted and kind == "ended" and outcome == "failed",
                 ),
             )
         else:
@@ -211,6 +217,45 @@ def test_a_scrape_reads_the_counters_not_the_history(
         with sqlite3.connect(path) as database:  # the open exclusions come from their index
             plan = database.execute(f"EXPLAIN QUERY PLAN {history[0]}").fetchall()
         assert "exclusions_open" in str(plan), plan
+    finally:
+        store.close()
+
+
+def test_a_chain_torchrun_gave_up_on_keeps_its_failures_until_the_job_starts_again(
+    tmp_path: Path,
+) -> None:
+    clock = Clock(NOW + 10_000)
+    store = LedgerStore(tmp_path / "fleet.db", clock=clock, healthy_after=HEALTHY_AFTER)
+    try:
+        steps: list[tuple[int, dict[str, Any], float]] = []
+        for number in (1, 2, 3):
+            start = NOW + 1000 * number
+            steps.append(
+                (
+                    number,
+                    {"event": "started", "trigger": "initial" if number == 1 else "auto"},
+                    start,
+                )
+            )
+            ended = {"event": "ended", "outcome": "failed", "restarts_exhausted": number == 3}
+            steps.append((number, ended, start + 100))
+        for index, (number, event, at) in enumerate(steps):
+            store.attempt_event(
+                f"k{index}", AttemptEventIn(training_job="j", attempt=number, at=at, **event)
+            )
+        job = store.snapshot().jobs["j"]
+        assert job.chains["abandoned"] == 1
+        assert job.open_failed == 2  # attempts 2 and 3: still paging, nobody restarted it
+        assert comparable(store.snapshot()) == recomputed(store, clock.now)
+        store.attempt_event(
+            "k-manual",
+            AttemptEventIn(
+                training_job="j", attempt=4, event="started", trigger="manual", at=NOW + 5000
+            ),
+        )
+        job = store.snapshot().jobs["j"]
+        assert (job.chains["abandoned"], job.open_failed) == (1, 0)
+        assert comparable(store.snapshot()) == recomputed(store, clock.now)
     finally:
         store.close()
 

@@ -302,6 +302,7 @@ def _add_reads(app: APIRouter, store: LedgerStore, clock: Callable[[], float]) -
                         "failed_attempts": c.failed_attempts,
                         "outcome": c.outcome or "open",
                         "ended_at": c.ended_at,
+                        "restarts_exhausted": c.exhausted_at is not None,
                     }
                     for c in history.chains
                 ],

@@ -7,7 +7,10 @@ fails and collects the automatic attempts that follow. It ends
 - ``recovered``: an automatic attempt reached its first step and then ran for
   at least ``healthy_after`` seconds (or finished successfully);
 - ``manual``: the next attempt was started by a person;
-- ``abandoned``: the job was cancelled, or an attempt finished without recovering.
+- ``abandoned``: the job was cancelled, an attempt finished without recovering, or the
+  launcher gave up (an attempt failed with ``restarts_exhausted``: torchrun's last
+  restart). A chain the launcher gave up on keeps ``exhausted``; until the job's next
+  attempt, its failed attempts are still what the on-call must act on (counters.py).
 
 A chain still open has ``failed_attempts`` automatic attempts that failed so
 far: the number an on-call engineer wants to see before the fourth try.
@@ -47,6 +50,7 @@ class Chain:
     failed_attempts: int = 0
     outcome: str | None = None  # None while open
     ended_at: float | None = None
+    exhausted_at: int | None = None  # the attempt whose failure ended the launcher's retries
 
 
 @dataclass(slots=True)
@@ -134,6 +138,11 @@ def job_history(
         elif attempt.get("outcome") == "cancelled" and history.open_chain is not None:
             open_chain = history.open_chain
             open_chain.outcome, open_chain.ended_at = "abandoned", attempt.get("ended_at")
+        if attempt.get("outcome") == "failed" and attempt.get("restarts_exhausted"):
+            given_up = history.open_chain
+            if given_up is not None:  # no automatic attempt follows
+                given_up.outcome, given_up.ended_at = "abandoned", attempt.get("ended_at")
+                given_up.exhausted_at = int(attempt["attempt"])
         previous = attempt
     return history
 

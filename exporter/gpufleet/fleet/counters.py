@@ -144,6 +144,11 @@ def summarise_job(
     }
     closed = Counter(chain.outcome for chain in history.chains if chain.outcome)
     chain = history.open_chain
+    last_attempt = max((int(a["attempt"]) for a in rows), default=None)
+    if chain is None and history.chains and history.chains[-1].exhausted_at == last_attempt:
+        # the launcher gave up and nobody has started the job again: its failed retries
+        # still stand (GpuFleetRetryChainFailing), though the chain is closed as abandoned
+        chain = history.chains[-1]
     # The moments at which an attempt still running becomes healthy (chains.py's rule).
     turns_healthy = [
         float(a["first_step_at"]) + healthy_after - _EARLY_S

@@ -67,5 +67,8 @@ class AttemptEventIn(_Strict):
     trigger: Literal["initial", "auto", "manual"] | None = None  # required for started
     outcome: Literal["success", "failed", "cancelled"] | None = None  # required for ended
     cause: Reason | None = None
+    # ended only: the launcher restarts the job no more (torchrun's last restart failed),
+    # so its retry chain closes as abandoned
+    restarts_exhausted: bool = False
     at: Timestamp | None = None
     source: Source = "manual"  # kept from the started event: the attempt's source

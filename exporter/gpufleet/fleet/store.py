@@ -192,6 +192,11 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE job_summaries ADD COLUMN running INTEGER NOT NULL DEFAULT 0;
     CREATE INDEX job_summaries_changed ON job_summaries (changed_at);
     """,
+    # 7: an ended attempt says whether its launcher restarts the job no more (torchrun's
+    # last allowed restart failed): its retry chain then closes as abandoned.
+    """
+    ALTER TABLE attempts ADD COLUMN restarts_exhausted INTEGER NOT NULL DEFAULT 0;
+    """,
 )
 
 
@@ -438,6 +443,9 @@ class LedgerStore:
         if request.get("kind") in ("release", "attempt") and request.get("source") == "manual":
             # as before `source` existed, so a retry across the upgrade is still a replay
             request = {k: v for k, v in request.items() if k != "source"}
+        if request.get("kind") == "attempt" and not request.get("restarts_exhausted"):
+            # as before it existed, so a retry across the upgrade is still a replay
+            request = {k: v for k, v in request.items() if k != "restarts_exhausted"}
         digest = hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
 
         def work(db: sqlite3.Connection) -> Stored:
@@ -640,9 +648,9 @@ class LedgerStore:
         if row["ended_at"] is not None:
             raise LedgerConflictError(f"{where} has already ended")
         db.execute(
-            "UPDATE attempts SET ended_at = ?, outcome = ?, cause = ?, recorded_at = ? "
-            "WHERE id = ?",
-            (at, event.outcome, event.cause, now, row["id"]),
+            "UPDATE attempts SET ended_at = ?, outcome = ?, cause = ?, restarts_exhausted = ?, "
+            "recorded_at = ? WHERE id = ?",
+            (at, event.outcome, event.cause, int(event.restarts_exhausted), now, row["id"]),
         )
         return 200, {"training_job": job, "attempt": number, "ended_at": at}
 

@@ -10,7 +10,10 @@ writes to the fleet ledger (the training pod needs no ledger credentials):
   normal interpreter exit); ``failed`` from any rank on an uncaught exception (cause: its
   class name) or on SIGTERM (cause ``sigterm``); ``cancelled`` on KeyboardInterrupt.
   Sent at once, on a connection of its own, for at most ``ENDED_BUDGET_S``: the process
-  is about to die.
+  is about to die. Under torchrun, a failure in the last restart torchrun allows
+  (``TORCHELASTIC_RESTART_COUNT`` = ``TORCHELASTIC_MAX_RESTARTS``) says
+  ``restarts_exhausted``: no automatic attempt follows, and the ledger closes the job's
+  retry chain as abandoned.
 
 Which launcher numbered the attempt is the event's ``source``:
 
@@ -70,6 +73,7 @@ class LaunchedAttempt:
     source: AttemptSource
     number: int  # the ledger's attempt number, from 1
     trigger: Trigger
+    last: bool = False  # the launcher restarts no more: a failure here ends the retries
 
 
 def _count(environ: Mapping[str, str], name: str) -> int | None:
@@ -91,9 +95,11 @@ def launched_attempt(environ: Mapping[str, str] | None = None) -> LaunchedAttemp
     elastic = _count(env, "TORCHELASTIC_RESTART_COUNT")
     slurm = _count(env, "SLURM_RESTART_COUNT") or 0
     source: AttemptSource
+    last = False
     if _present(env, "TORCHELASTIC_RUN_ID") and elastic is not None:
         source, launch_restarts, restarts = "torchrun", 0, elastic
         max_restarts = _count(env, "TORCHELASTIC_MAX_RESTARTS")
+        last = max_restarts is not None and elastic >= max_restarts
         if slurm and max_restarts is not None:
             launch_restarts = slurm * (max_restarts + 1)
     elif _present(env, "SLURM_JOB_ID"):
@@ -116,7 +122,7 @@ def launched_attempt(environ: Mapping[str, str] | None = None) -> LaunchedAttemp
         trigger = "auto"  # a Slurm requeue
     else:
         trigger = "initial" if number == 1 else "manual"
-    return LaunchedAttempt(source, number, trigger)
+    return LaunchedAttempt(source, number, trigger, last)
 
 
 # Sends events to the agent now; True when the agent took them (or refused them for good).
@@ -172,6 +178,8 @@ class AttemptLifecycle:
         self.ended = True
         _PROCESS.forget(self)
         event = self._event("ended", outcome=outcome, cause=cause)
+        if outcome == "failed" and self.launched.last:
+            event = event._replace(restarts_exhausted=True)
         return self._send_now([event], budget)
 
     def succeeded(self) -> None:

@@ -89,6 +89,7 @@ class AttemptEvent(NamedTuple):
     trigger: Trigger | None = None  # started only
     outcome: Outcome | None = None  # ended only
     cause: str | None = None  # ended only, where known
+    restarts_exhausted: bool | None = None  # ended only: the launcher restarts no more
 
 
 def attempt_json(event: AttemptEvent) -> dict[str, object]:
@@ -100,7 +101,7 @@ def attempt_json(event: AttemptEvent) -> dict[str, object]:
         "source": event.source,
         "at": event.at,
     }
-    for name in ("trigger", "outcome", "cause"):
+    for name in ("trigger", "outcome", "cause", "restarts_exhausted"):
         value = getattr(event, name)
         if value is not None:
             payload[name] = value

@@ -44,7 +44,8 @@ CHAINS = MetricDef(
 CHAIN_FAILURES = MetricDef(
     "gpufleet_fleet_retry_chain_failed_attempts",
     "gauge",
-    "Failed automatic attempts in the job's open retry chain (0 when none is open).",
+    "Failed automatic attempts in the job's open retry chain, or in the chain its launcher "
+    "gave up on until the job starts again (0 when neither).",
     ("training_job",),
 )
 
