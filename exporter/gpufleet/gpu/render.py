@@ -40,8 +40,9 @@ def gpu_families(
         named = tuple((node_label if key == cat.NODE_LABEL else key, value) for key, value in pairs)
         return format_labels((*named, driver_pair))
 
+    # keyed by (index, GPU instance): a MIG instance shares its parent's index
     labels_by_index = {
-        reading.identity.index: gpu_labels(reading.identity.label_pairs())
+        reading.identity.key: gpu_labels(reading.identity.label_pairs())
         for reading in snapshot.gpus
     }
 
@@ -50,30 +51,33 @@ def gpu_families(
             family = _family(metric)
             for reading in snapshot.gpus:
                 if reading.up and metric.name in reading.values:
-                    family.add(labels_by_index[reading.identity.index], reading.values[metric.name])
+                    family.add(labels_by_index[reading.identity.key], reading.values[metric.name])
             families.append(family)
 
         throttle = _family(cat.THROTTLE_ACTIVE)
         for reading in snapshot.gpus:
             if not reading.up or reading.clock_event_reasons is None:
                 continue
-            base = labels_by_index[reading.identity.index]
+            base = labels_by_index[reading.identity.key]
             for reason, bit in cat.THROTTLE_REASON_BITS:
                 active = 1.0 if reading.clock_event_reasons & bit else 0.0
                 throttle.add(f'{base},reason="{reason}"', active)
         families.append(throttle)
 
+    # gpu_up, gpu_info and the XIDs are the GPU's: a MIG instance is not a GPU (its
+    # parent's series keep them), so counting GPUs by these series stays right
+    gpus = [reading for reading in snapshot.gpus if not reading.identity.is_mig]
     up = _family(cat.GPU_UP)
-    for reading in snapshot.gpus:
-        up.add(labels_by_index[reading.identity.index], 1.0 if reading.up and not stale else 0.0)
+    for reading in gpus:
+        up.add(labels_by_index[reading.identity.key], 1.0 if reading.up and not stale else 0.0)
     families.append(up)
 
     info = _family(cat.GPU_INFO)
     driver = escape_label_value(snapshot.driver_version)
     cuda = escape_label_value(snapshot.cuda_driver_version)
-    for reading in snapshot.gpus:
+    for reading in gpus:
         info.add(
-            f'{labels_by_index[reading.identity.index]},driver_version="{driver}",'
+            f'{labels_by_index[reading.identity.key]},driver_version="{driver}",'
             f'cuda_driver_version="{cuda}"',
             1.0,
         )
@@ -97,13 +101,18 @@ def gpu_families(
 
 
 def _xid_families(
-    snapshot: GpuSnapshot, xids: XidView, labels_by_index: dict[int, str], stale: bool
+    snapshot: GpuSnapshot,
+    xids: XidView,
+    labels_by_index: dict[tuple[int, int], str],
+    stale: bool,
 ) -> list[Family]:
     last = _family(cat.XID_LAST)
     total = _family(cat.XID_TOTAL)
     when = _family(cat.XID_LAST_TIMESTAMP)
     for reading in snapshot.gpus:
-        labels = labels_by_index[reading.identity.index]
+        if reading.identity.is_mig:
+            continue  # XIDs are the parent GPU's (NVML reports them on its handle)
+        labels = labels_by_index[reading.identity.key]
         history = xids.by_uuid.get(reading.identity.uuid)
         if xids.watching and reading.up and not stale:
             code = history.last_xid if history else 0
