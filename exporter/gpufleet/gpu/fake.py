@@ -21,6 +21,16 @@ A call's entry is its result, or a mapping from its non-handle arguments
 the fixture does not mention answers NVML_ERROR_NOT_SUPPORTED. A field value
 read for one scope is keyed ``ID@SCOPE`` (4294967295: every link at once); it
 may carry NVML's ``timestamp`` (us since the epoch).
+
+A GPU in MIG mode (``nvmlDeviceGetMigMode`` [1, 1]) lists its MIG devices under
+``mig_devices``, by the index ``nvmlDeviceGetMigDeviceHandleByIndex`` takes
+(``null``: no MIG device there, NVML_ERROR_NOT_FOUND), each with the answers to
+the calls made on its MIG device handle (``nvmlDeviceGetUUID`` "MIG-...",
+``nvmlDeviceGetGpuInstanceId``, ``nvmlDeviceGetComputeInstanceId``,
+``nvmlDeviceGetName``, ``nvmlDeviceGetAttributes``, ``nvmlDeviceGetMemoryInfo``...);
+whatever an entry does not mention, NVML refuses on that handle. GPM metrics of a
+GPU instance (``nvmlGpmMigSampleGet`` on the parent with the instance's id) are
+under the parent's ``nvmlGpmMigMetricsGet``, keyed by GPU instance id.
 """
 
 from __future__ import annotations
@@ -68,15 +78,19 @@ def bundled_fixture(name: str = "h100-sxm-8gpu") -> dict[str, Any]:
 
 
 class FakeHandle:
-    """An NVML device handle; compared by identity like the real pointer."""
+    """An NVML device handle, or a MIG device handle (``mig``: its index under the
+    parent GPU ``index``); compared by identity like the real pointer."""
 
-    __slots__ = ("index",)
+    __slots__ = ("index", "mig")
 
-    def __init__(self, index: int) -> None:
+    def __init__(self, index: int, mig: int | None = None) -> None:
         self.index = index
+        self.mig = mig
 
     def __repr__(self) -> str:
-        return f"FakeHandle({self.index})"
+        if self.mig is None:
+            return f"FakeHandle({self.index})"
+        return f"FakeHandle({self.index}, mig={self.mig})"
 
 
 @dataclass
@@ -118,11 +132,15 @@ class FakeNvml:
         self._handles = [FakeHandle(i) for i in range(len(self._devices))]
         self._lock = threading.Lock()
         self._lost: set[int] = set()
-        self._mig: set[int] = set()
+        self._mig: set[int] = {
+            index for index, device in enumerate(self._devices) if _mig_enabled(device)
+        }
+        self._mig_handles: dict[tuple[int, int], FakeHandle] = {}
         self._hangs: dict[str, HangControl] = {}
         self._events: queue.Queue[FakeEventData] = queue.Queue()
         self._gpm_ids = itertools.count(0x1000)
-        self._gpm_samples: dict[int, int] = {}
+        # sample -> (GPU index, GPU instance id, or None for the whole GPU)
+        self._gpm_samples: dict[int, tuple[int, int | None]] = {}
         self.initialized = False
         self.calls: Counter[str] = Counter()
         self.init_error: str | None = fixture.get("init_error")
@@ -143,16 +161,33 @@ class FakeNvml:
         with self._lock:
             self._lost.discard(index)
 
-    def set_mig_mode(self, index: int, enabled: bool) -> None:
+    def set_mig_mode(
+        self,
+        index: int,
+        enabled: bool,
+        mig_devices: list[dict[str, Any] | None] | None = None,
+        max_mig_devices: int = 7,
+    ) -> None:
         """Turn MIG mode on or off for one GPU: NVML reports the new mode and, while it
-        is on, refuses the whole-GPU queries of ``REFUSED_UNDER_MIG``."""
+        is on, refuses the whole-GPU queries of ``REFUSED_UNDER_MIG``. ``mig_devices``
+        (fixture entries) are the MIG devices then configured; none by default, as
+        right after enabling MIG mode. Turning it off destroys them."""
         mode = 1 if enabled else 0
         with self._lock:
-            self._devices[index]["nvmlDeviceGetMigMode"] = [mode, mode]
+            device = self._devices[index]
+            device["nvmlDeviceGetMigMode"] = [mode, mode]
+            device["nvmlDeviceGetMaxMigDeviceCount"] = max_mig_devices if enabled else 0
+            device["mig_devices"] = list(mig_devices or []) if enabled else []
             if enabled:
                 self._mig.add(index)
             else:
                 self._mig.discard(index)
+
+    def set_mig_devices(self, index: int, mig_devices: list[dict[str, Any] | None]) -> None:
+        """Reconfigure a GPU's MIG devices (as nvidia-smi mig / mig-parted do) without
+        changing its mode: handles to the old ones become invalid."""
+        with self._lock:
+            self._devices[index]["mig_devices"] = list(mig_devices)
 
     def inject_xid(self, index: int, xid: int) -> None:
         self._events.put(
@@ -171,9 +206,15 @@ class FakeNvml:
         if control is not None:
             control.release()
 
-    def set_value(self, index: int, call: str, value: Any, key: str | None = None) -> None:
+    def set_value(
+        self, index: int, call: str, value: Any, key: str | None = None, mig: int | None = None
+    ) -> None:
+        """Change what NVML answers to ``call`` on GPU ``index`` (or on its MIG device
+        ``mig``), for the argument ``key`` if given."""
         with self._lock:
             device = self._devices[index]
+            if mig is not None:
+                device = device["mig_devices"][mig]
             if key is None:
                 device[call] = value
             else:
@@ -188,7 +229,8 @@ class FakeNvml:
             self.calls[call] += 1
             hang = self._hangs.get(call)
             lost = handle is not None and handle.index in self._lost
-            mig = handle is not None and handle.index in self._mig
+            # MIG mode refuses whole-GPU queries, not those on a MIG device handle
+            mig = handle is not None and handle.mig is None and handle.index in self._mig
         if hang is not None:
             hang.wait()
         if not self.initialized and call != "nvmlInit":
@@ -198,9 +240,24 @@ class FakeNvml:
         if mig and call in REFUSED_UNDER_MIG:
             raise nvml_error("NVML_ERROR_NOT_SUPPORTED")
 
-    def _lookup(self, index: int | None, call: str, key: str | None = None) -> Any:
+    def _mig_device(self, handle: FakeHandle) -> dict[str, Any]:
+        """The fixture entry of a MIG device handle; NVML answers INVALID_ARGUMENT for
+        a handle whose MIG device was destroyed (nvml.h: such handles stay invalid)."""
+        devices = self._devices[handle.index].get("mig_devices") or []
+        mig = handle.mig if handle.mig is not None else -1
+        if handle.index not in self._mig or not 0 <= mig < len(devices) or devices[mig] is None:
+            raise nvml_error("NVML_ERROR_INVALID_ARGUMENT")
+        entry: dict[str, Any] = devices[mig]
+        return entry
+
+    def _lookup(
+        self, index: int | None, call: str, key: str | None = None, mig: FakeHandle | None = None
+    ) -> Any:
         with self._lock:
-            source = self._system if index is None else self._devices[index]
+            if mig is not None:
+                source = self._mig_device(mig)
+            else:
+                source = self._system if index is None else self._devices[index]
             value = source.get(call, _MISSING)
         if value is not _MISSING and key is not None:
             value = value.get(key, _MISSING) if isinstance(value, dict) else _MISSING
@@ -212,7 +269,7 @@ class FakeNvml:
 
     def _device(self, handle: FakeHandle, call: str, key: str | None = None) -> Any:
         self._enter(call, handle)
-        return self._lookup(handle.index, call, key)
+        return self._lookup(handle.index, call, key, handle if handle.mig is not None else None)
 
     # -- system ----------------------------------------------------------------
 
@@ -306,6 +363,55 @@ class FakeNvml:
     def nvmlDeviceGetMigMode(self, handle: FakeHandle) -> list[int]:
         return [int(mode) for mode in self._device(handle, "nvmlDeviceGetMigMode")]
 
+    # -- MIG (nvml.h, "Multi Instance GPU Management") ------------------------------
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: FakeHandle) -> int:
+        return int(self._device(handle, "nvmlDeviceGetMaxMigDeviceCount"))
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: FakeHandle, index: int) -> FakeHandle:
+        self._enter("nvmlDeviceGetMigDeviceHandleByIndex", handle)
+        with self._lock:
+            if handle.mig is not None:
+                raise nvml_error("NVML_ERROR_INVALID_ARGUMENT")
+            if handle.index not in self._mig:
+                raise nvml_error("NVML_ERROR_NOT_SUPPORTED")  # MIG mode is off
+            devices = self._devices[handle.index].get("mig_devices") or []
+            if not 0 <= index < len(devices) or devices[index] is None:
+                raise nvml_error("NVML_ERROR_NOT_FOUND")
+            key = (handle.index, index)
+            if key not in self._mig_handles:
+                self._mig_handles[key] = FakeHandle(handle.index, index)
+            return self._mig_handles[key]
+
+    def nvmlDeviceIsMigDeviceHandle(self, handle: FakeHandle) -> int:
+        self._enter("nvmlDeviceIsMigDeviceHandle", handle)
+        return 0 if handle.mig is None else 1
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, handle: FakeHandle) -> FakeHandle:
+        self._enter("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", handle)
+        if handle.mig is None:
+            raise nvml_error("NVML_ERROR_INVALID_ARGUMENT")
+        return self._handles[handle.index]
+
+    def _mig_only(self, handle: FakeHandle, call: str) -> Any:
+        if handle.mig is None:
+            self._enter(call, handle)
+            raise nvml_error("NVML_ERROR_NOT_SUPPORTED")  # only MIG device handles have it
+        return self._device(handle, call)
+
+    def nvmlDeviceGetGpuInstanceId(self, handle: FakeHandle) -> int:
+        return int(self._mig_only(handle, "nvmlDeviceGetGpuInstanceId"))
+
+    def nvmlDeviceGetComputeInstanceId(self, handle: FakeHandle) -> int:
+        return int(self._mig_only(handle, "nvmlDeviceGetComputeInstanceId"))
+
+    def nvmlDeviceGetAttributes(self, handle: FakeHandle) -> Any:
+        recorded = self._mig_only(handle, "nvmlDeviceGetAttributes")
+        attributes = pynvml.c_nvmlDeviceAttributes()
+        for name, value in recorded.items():
+            setattr(attributes, name, int(value))
+        return attributes
+
     def nvmlDeviceGetMemoryInfo(self, handle: FakeHandle, version: int | None = None) -> Any:
         if version:
             recorded = self._device(handle, "nvmlDeviceGetMemoryInfo_v2")
@@ -363,8 +469,7 @@ class FakeNvml:
     def nvmlDeviceGetFieldValues(
         self, handle: FakeHandle, field_ids: list[int | tuple[int, int]]
     ) -> Any:
-        self._enter("nvmlDeviceGetFieldValues", handle)
-        recorded = self._lookup(handle.index, "nvmlDeviceGetFieldValues")
+        recorded = self._device(handle, "nvmlDeviceGetFieldValues")
         values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
         for slot, requested in enumerate(field_ids):
             field_id, scope = requested if isinstance(requested, tuple) else (requested, 0)
@@ -401,8 +506,18 @@ class FakeNvml:
 
     def nvmlGpmSampleGet(self, handle: FakeHandle, sample: Any) -> Any:
         self._enter("nvmlGpmSampleGet", handle)
+        if handle.mig is not None:
+            raise nvml_error("NVML_ERROR_NOT_SUPPORTED")  # nvmlGpmMigSampleGet instead
         self._lookup(handle.index, "nvmlGpmMetricsGet")  # unsupported devices fail here
-        self._gpm_samples[_pointer_value(sample)] = handle.index
+        self._gpm_samples[_pointer_value(sample)] = (handle.index, None)
+        return sample
+
+    def nvmlGpmMigSampleGet(self, handle: FakeHandle, gpu_instance_id: int, sample: Any) -> Any:
+        self._enter("nvmlGpmMigSampleGet", handle)
+        if handle.mig is not None or handle.index not in self._mig:
+            raise nvml_error("NVML_ERROR_INVALID_ARGUMENT")
+        self._lookup(handle.index, "nvmlGpmMigMetricsGet", str(gpu_instance_id))
+        self._gpm_samples[_pointer_value(sample)] = (handle.index, gpu_instance_id)
         return sample
 
     def nvmlGpmSampleFree(self, sample: Any) -> None:
@@ -411,12 +526,16 @@ class FakeNvml:
 
     def nvmlGpmMetricsGet(self, request: Any) -> Any:
         self._enter("nvmlGpmMetricsGet")
-        index = self._gpm_samples.get(_pointer_value(request.sample2))
-        if index is None or _pointer_value(request.sample1) not in self._gpm_samples:
+        source = self._gpm_samples.get(_pointer_value(request.sample2))
+        if source is None or _pointer_value(request.sample1) not in self._gpm_samples:
             raise nvml_error("NVML_ERROR_INVALID_ARGUMENT")
+        index, gpu_instance = source
         if index in self._lost:
             raise nvml_error("NVML_ERROR_GPU_IS_LOST")
-        recorded = self._lookup(index, "nvmlGpmMetricsGet")
+        if gpu_instance is None:
+            recorded = self._lookup(index, "nvmlGpmMetricsGet")
+        else:
+            recorded = self._lookup(index, "nvmlGpmMigMetricsGet", str(gpu_instance))
         for slot in range(request.numMetrics):
             metric = request.metrics[slot]
             value = recorded.get(str(metric.metricId))
@@ -448,6 +567,11 @@ class FakeNvml:
 
     def nvmlEventSetFree(self, event_set: object) -> None:
         self._enter("nvmlEventSetFree")
+
+
+def _mig_enabled(device: dict[str, Any]) -> bool:
+    mode = device.get("nvmlDeviceGetMigMode")
+    return isinstance(mode, list) and bool(mode) and int(mode[0]) == 1
 
 
 def _pointer_value(pointer: Any) -> int:

@@ -6,11 +6,20 @@ field is omitted and remembered (NVML is not asked again, except for the calls
 whose support depends on the GPU's mode, which are asked again when the MIG mode
 changes and every ``reprobe_after_s``), a lost GPU is reported as down, and any
 other failure is counted per NVML call.
+
+A GPU in MIG mode is read as a whole (what NVML serves for the parent: clocks,
+temperature, power, ECC, remapped rows where allowed, NVLink, PCIe, violations)
+and then once per GPU instance on it, through its MIG device handle: memory and
+the GPM profiling metrics, which is what NVML serves per instance. XIDs stay on
+the parent (the XID watcher registers the parents' handles).
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
+import math
+import re
 import threading
 import time
 from collections.abc import Callable, Hashable
@@ -28,6 +37,8 @@ _GPU_DOWN_ERRORS = frozenset({15, 16, 28})  # GPU_IS_LOST, RESET_REQUIRED, GPU_N
 _INVALID_ARGUMENT = 2
 _NOT_SUPPORTED = 3
 _MIG_MODE_UNKNOWN = -1
+_MIG_ENABLED = 1  # NVML_DEVICE_MIG_ENABLE
+_NOT_FOUND = 6  # NVML_ERROR_NOT_FOUND: no MIG device at that index (nvml.h)
 _FUNCTION_NOT_FOUND = 13
 _ARGUMENT_VERSION_MISMATCH = 25
 
@@ -55,6 +66,10 @@ class _GpuDown(Exception):
 
 class _CallFailed(Exception):
     pass
+
+
+class _NotFound(_CallFailed):
+    """nvmlDeviceGetMigDeviceHandleByIndex: no MIG device at that index (not an error)."""
 
 
 def handle_key(handle: Any) -> Hashable:
@@ -97,6 +112,19 @@ _ALL_LINKS = 0xFFFFFFFF
 
 
 @dataclass(slots=True)
+class _MigState:
+    """One GPU instance of a GPU in MIG mode, read through its MIG device handle (the
+    first compute instance in it: memory is the GPU instance's, GPM is per GPU instance)."""
+
+    handle: Any
+    identity: GpuIdentity
+    memory_v1: bool = False  # nvmlMemory_v2 refused on this handle
+    gpm_refused: bool = False
+    gpm_previous: Any = None
+    gpm_previous_at: float = 0.0
+
+
+@dataclass(slots=True)
 class _GpuState:
     handle: Any
     identity: GpuIdentity
@@ -112,6 +140,8 @@ class _GpuState:
     gpm_unsupported_ids: set[int] = field(default_factory=set)
     gpm_previous: Any = None
     gpm_previous_at: float = 0.0
+    instances: list[_MigState] = field(default_factory=list)
+    mig_uuids: tuple[str, ...] = ()  # the MIG devices found by the last enumeration
 
 
 # NVML field values read in one nvmlDeviceGetFieldValues call, with the metric each
@@ -257,11 +287,13 @@ class NvmlReader:
             if state.handle is not None:
                 self._prime_nvlink(state)
                 self._prime_gpm(state)
+                self._prime_instances(state)
 
     def close(self) -> None:
         for state in self._gpus:
             if state.gpm_previous is not None:
                 self._free_gpm_sample(state)
+            self._drop_instances(state)
         if self._opened:
             self._opened = False
             try:
@@ -282,7 +314,16 @@ class NvmlReader:
     def read(self) -> GpuSnapshot:
         started_wall = time.time()
         started = time.monotonic()
-        readings = tuple(self._read_gpu(state) for state in self._gpus)
+        gathered: list[GpuReading] = []
+        for state in self._gpus:
+            reading = self._read_gpu(state)
+            gathered.append(reading)
+            if reading.up:
+                self._sync_instances(state)
+                gathered.extend(self._read_instance(state, mig) for mig in state.instances)
+            else:
+                self._drop_instances(state)
+        readings = tuple(gathered)
         unsupported: dict[str, int] = {}
         for state in self._gpus:
             for name in state.unsupported_fields:
@@ -334,17 +375,7 @@ class NvmlReader:
     def _reprobe_mode_dependent(self, state: _GpuState) -> None:
         """Forget that mode-dependent probes were refused when the MIG mode changed or
         they were refused long enough ago; they are asked again this cycle."""
-        mig_changed = False
-        if state.mig_mode is not None:
-            try:
-                current, _pending = self._device_call(state, "nvmlDeviceGetMigMode")
-            except _Unsupported:
-                state.mig_mode = None  # no MIG on this GPU: its mode never changes
-            except _CallFailed:
-                pass
-            else:
-                mig_changed = state.mig_mode not in (_MIG_MODE_UNKNOWN, int(current))
-                state.mig_mode = int(current)
+        mig_changed = self._update_mig_mode(state)
         if not state.refused_at:
             return
         now = time.monotonic()
@@ -361,6 +392,226 @@ class NvmlReader:
                         # a rate over the refused stretch would mean nothing: start afresh
                         self._free_gpm_sample(state)
 
+    def _update_mig_mode(self, state: _GpuState) -> bool:
+        """Reads the GPU's current MIG mode; True when it changed since the last read."""
+        if state.mig_mode is None:
+            return False
+        try:
+            current, _pending = self._device_call(state, "nvmlDeviceGetMigMode")
+        except _Unsupported:
+            state.mig_mode = None  # no MIG on this GPU: its mode never changes
+            return False
+        except _CallFailed:
+            return False
+        changed = state.mig_mode not in (_MIG_MODE_UNKNOWN, int(current))
+        state.mig_mode = int(current)
+        return changed
+
+    # -- MIG instances -------------------------------------------------------------
+
+    def _prime_instances(self, state: _GpuState) -> None:
+        """Finds the GPU instances at open() and takes a first GPM sample of each, so the
+        first snapshot has their profiling metrics as it has the whole GPUs'."""
+        try:
+            self._update_mig_mode(state)
+            self._sync_instances(state)
+            if state.instances and self._gpm_supported(state):
+                for mig in state.instances:
+                    self._take_mig_gpm_sample(state, mig)
+        except (_CallFailed, _Unsupported, _GpuDown):
+            pass  # the first cycle tries again
+
+    def _mig_call(self, state: _GpuState, handle: Any, name: str, *args: Any) -> Any:
+        return self._call(name, state.identity.index, getattr(self.nvml, name), handle, *args)
+
+    def _sync_instances(self, state: _GpuState) -> None:
+        """The GPU's MIG devices, found every cycle as nvml.h says to: each index below
+        nvmlDeviceGetMaxMigDeviceCount through nvmlDeviceGetMigDeviceHandleByIndex
+        (NOT_FOUND: none there). Instances come and go without a mode change
+        (nvidia-smi mig, mig-parted), and a destroyed one's handle stays invalid."""
+        if state.mig_mode != _MIG_ENABLED:
+            self._drop_instances(state)
+            return
+        try:
+            count = int(self._device_call(state, "nvmlDeviceGetMaxMigDeviceCount"))
+        except (_Unsupported, _CallFailed):
+            return  # counted; the instances found last stay until the next cycle
+        found: list[tuple[Any, str]] = []
+        for mig_index in range(count):
+            try:
+                handle = self._device_call(state, "nvmlDeviceGetMigDeviceHandleByIndex", mig_index)
+                uuid = _text(self._mig_call(state, handle, "nvmlDeviceGetUUID"))
+            except (_CallFailed, _Unsupported):
+                continue
+            found.append((handle, uuid))
+        uuids = tuple(uuid for _, uuid in found)
+        if uuids == state.mig_uuids:
+            by_uuid = dict((uuid, handle) for handle, uuid in found)
+            for mig in state.instances:
+                mig.handle = by_uuid.get(mig.identity.mig_uuid or "", mig.handle)
+            return
+        state.mig_uuids = uuids
+        # one reading per GPU instance (its first compute instance), as dcgm-exporter
+        # serves GPU instances
+        chosen: dict[int, tuple[Any, GpuIdentity]] = {}
+        for handle, uuid in found:
+            identity = self._mig_identity(state, handle, uuid)
+            if identity is None or identity.mig_instance_id is None:
+                continue
+            current = chosen.get(identity.mig_instance_id)
+            if current is None or (identity.mig_compute_instance_id or 0) < (
+                current[1].mig_compute_instance_id or 0
+            ):
+                chosen[identity.mig_instance_id] = (handle, identity)
+        kept = {mig.identity: mig for mig in state.instances}
+        instances: list[_MigState] = []
+        for gpu_instance in sorted(chosen):
+            handle, identity = chosen[gpu_instance]
+            mig = kept.pop(identity) if identity in kept else _MigState(handle, identity)
+            mig.handle = handle
+            instances.append(mig)
+        for gone in kept.values():
+            self._free_mig_gpm_sample(gone)
+        state.instances = instances
+
+    def _mig_identity(self, state: _GpuState, handle: Any, uuid: str) -> GpuIdentity | None:
+        """The parent's labels plus the instance's: its GPU instance id
+        (nvmlDeviceGetGpuInstanceId, dcgm-exporter's GPU_I_ID), compute instance id, and
+        profile name (GPU_I_PROFILE)."""
+        try:
+            gpu_instance = int(self._mig_call(state, handle, "nvmlDeviceGetGpuInstanceId"))
+            compute_instance = int(self._mig_call(state, handle, "nvmlDeviceGetComputeInstanceId"))
+        except (_CallFailed, _Unsupported):
+            return None
+        return dataclasses.replace(
+            state.identity,
+            mig_profile=self._mig_profile(state, handle),
+            mig_instance_id=gpu_instance,
+            mig_uuid=uuid,
+            mig_compute_instance_id=compute_instance,
+        )
+
+    def _mig_profile(self, state: _GpuState, handle: Any) -> str:
+        """The GPU instance's profile name, "1g.10gb". nvml.h: on a MIG device handle
+        nvmlDeviceGetName returns the MIG device's name, which ends in "MIG <profile>" as
+        nvidia-smi -L lists it ("1c.3g.40gb" for a compute instance of part of a GPU
+        instance, whose profile is "3g.40gb"). Failing that, the name NVIDIA's
+        k8s-device-plugin gives it (go-nvlib, pkg/nvlib/device/mig_profile.go): the GPU
+        instance's slices "g.", its share of the parent's memory rounded up to eighths
+        times the parent's GiB "gb"."""
+        try:
+            name = _text(self._mig_call(state, handle, "nvmlDeviceGetName"))
+        except (_CallFailed, _Unsupported):
+            name = ""
+        if "MIG " in name:
+            profile = name.rsplit("MIG ", 1)[1].strip()
+            # a compute instance smaller than its GPU instance is named "2c.3g.40gb":
+            # GPU_I_PROFILE is the GPU instance's profile
+            return re.sub(r"^\d+c\.", "", profile)
+        try:
+            attributes = self._mig_call(state, handle, "nvmlDeviceGetAttributes")
+        except (_CallFailed, _Unsupported):
+            return ""
+        slices = int(attributes.gpuInstanceSliceCount)
+        mib = int(attributes.memorySizeMB)
+        try:
+            total = int(self._device_call(state, "nvmlDeviceGetMemoryInfo").total)
+        except (_CallFailed, _Unsupported, _GpuDown):
+            total = 0
+        return f"{slices}g.{mig_memory_gb(mib, total)}gb"
+
+    def _read_instance(self, state: _GpuState, mig: _MigState) -> GpuReading:
+        values: dict[str, float] = {}
+        try:
+            self._read_instance_memory(state, mig, values)
+            self._read_instance_gpm(state, mig, values)
+        except _GpuDown:
+            return GpuReading(identity=mig.identity, up=False)
+        return GpuReading(identity=mig.identity, up=True, values=values)
+
+    def _read_instance_memory(
+        self, state: _GpuState, mig: _MigState, values: dict[str, float]
+    ) -> None:
+        """nvml.h (nvmlDeviceGetMemoryInfo): "Per-instance information can be queried by
+        using specific MIG device handles"."""
+        mib = 1024.0 * 1024.0
+        try:
+            if not mig.memory_v1:
+                try:
+                    info = self._mig_call(
+                        state, mig.handle, "nvmlDeviceGetMemoryInfo", self.nvml.nvmlMemory_v2
+                    )
+                    values[cat.FB_RESERVED.name] = info.reserved / mib
+                except _Unsupported:
+                    mig.memory_v1 = True
+            if mig.memory_v1:
+                info = self._mig_call(state, mig.handle, "nvmlDeviceGetMemoryInfo")
+        except (_CallFailed, _Unsupported):
+            return
+        values[cat.FB_FREE.name] = info.free / mib
+        values[cat.FB_USED.name] = info.used / mib
+
+    def _take_mig_gpm_sample(self, state: _GpuState, mig: _MigState) -> Any:
+        """nvmlGpmMigSampleGet: a GPM sample of one GPU instance, taken on the parent."""
+        nvml = self.nvml
+        index = state.identity.index
+        sample = self._call("nvmlGpmSampleAlloc", index, nvml.nvmlGpmSampleAlloc)
+        try:
+            self._device_call(state, "nvmlGpmMigSampleGet", mig.identity.mig_instance_id, sample)
+        except Exception:
+            self._call("nvmlGpmSampleFree", index, nvml.nvmlGpmSampleFree, sample)
+            raise
+        previous, mig.gpm_previous = mig.gpm_previous, sample
+        mig.gpm_previous_at = time.monotonic()
+        return previous
+
+    def _read_instance_gpm(
+        self, state: _GpuState, mig: _MigState, values: dict[str, float]
+    ) -> None:
+        """DCGM's profiling fields per GPU instance, from GPM (Hopper and later)."""
+        try:
+            if mig.gpm_refused or not self._gpm_supported(state):
+                return
+            if mig.gpm_previous is not None:
+                young = _GPM_MIN_INTERVAL_S - (time.monotonic() - mig.gpm_previous_at)
+                if young > 0:
+                    time.sleep(young)
+            previous = self._take_mig_gpm_sample(state, mig)
+        except _Unsupported:
+            mig.gpm_refused = True
+            return
+        except _CallFailed:
+            return
+        if previous is None:
+            return
+        try:
+            request = self._gpm_metrics(state, previous, mig.gpm_previous)
+        except (_CallFailed, _Unsupported):
+            return
+        for slot, (_, metric) in enumerate(_GPM_METRICS):
+            result = request.metrics[slot]
+            if int(result.nvmlReturn) == 0:
+                values[metric.name] = float(result.value) / 100.0
+        for slot, (_, metric) in enumerate(_GPM_PCIE, start=len(_GPM_METRICS)):
+            result = request.metrics[slot]
+            if int(result.nvmlReturn) == 0:
+                values[metric.name] = float(int(float(result.value) * _MIB))
+
+    def _free_mig_gpm_sample(self, mig: _MigState) -> None:
+        sample, mig.gpm_previous = mig.gpm_previous, None
+        if sample is None:
+            return
+        try:
+            self.nvml.nvmlGpmSampleFree(sample)
+        except Exception:  # noqa: BLE001 - the instance is gone; nothing useful to do
+            self.errors.count(self._collector, "nvmlGpmSampleFree")
+
+    def _drop_instances(self, state: _GpuState) -> None:
+        for mig in state.instances:
+            self._free_mig_gpm_sample(mig)
+        state.instances = []
+        state.mig_uuids = ()
+
     # -- NVML call plumbing ------------------------------------------------------
 
     def _call(self, name: str, gpu: int | None, fn: Callable[..., Any], *args: Any) -> Any:
@@ -373,6 +624,8 @@ class NvmlReader:
             code = getattr(error, "value", None)
             if code in (_NOT_SUPPORTED, _FUNCTION_NOT_FOUND):
                 raise _Unsupported from error
+            if code == _NOT_FOUND and name == "nvmlDeviceGetMigDeviceHandleByIndex":
+                raise _NotFound from error
             if code in _GPU_DOWN_ERRORS:
                 raise _GpuDown from error
             self.errors.count(self._collector, name)
@@ -760,7 +1013,6 @@ class NvmlReader:
         return previous
 
     def _read_gpm(self, state: _GpuState, values: dict[str, float]) -> None:
-        nvml = self.nvml
         if not self._gpm_supported(state):
             raise _Unsupported
         if state.gpm_previous is not None:
@@ -772,17 +1024,7 @@ class NvmlReader:
         sample = state.gpm_previous
         if previous is None:
             return  # GPM metrics are rates between two samples: the next cycle has them
-        try:
-            request = nvml.c_nvmlGpmMetricsGet_t()
-            request.version = nvml.NVML_GPM_METRICS_GET_VERSION
-            request.numMetrics = len(_GPM_METRICS) + len(_GPM_PCIE)
-            request.sample1 = previous
-            request.sample2 = sample
-            for slot, (metric_id, _) in enumerate((*_GPM_METRICS, *_GPM_PCIE)):
-                request.metrics[slot].metricId = metric_id
-            self._call("nvmlGpmMetricsGet", state.identity.index, nvml.nvmlGpmMetricsGet, request)
-        finally:
-            self._call("nvmlGpmSampleFree", state.identity.index, nvml.nvmlGpmSampleFree, previous)
+        request = self._gpm_metrics(state, previous, sample)
         for slot, (_, metric) in enumerate(_GPM_METRICS):
             result = request.metrics[slot]
             if int(result.nvmlReturn) == 0:
@@ -796,9 +1038,38 @@ class NvmlReader:
             elif int(result.nvmlReturn) == _NOT_SUPPORTED:
                 state.gpm_unsupported_ids.add(metric_id)  # the PCIe fallback reads it
 
+    def _gpm_metrics(self, state: _GpuState, previous: Any, sample: Any) -> Any:
+        """The GPM metrics between two samples (of the GPU, or of one GPU instance);
+        frees ``previous``."""
+        nvml = self.nvml
+        try:
+            request = nvml.c_nvmlGpmMetricsGet_t()
+            request.version = nvml.NVML_GPM_METRICS_GET_VERSION
+            request.numMetrics = len(_GPM_METRICS) + len(_GPM_PCIE)
+            request.sample1 = previous
+            request.sample2 = sample
+            for slot, (metric_id, _) in enumerate((*_GPM_METRICS, *_GPM_PCIE)):
+                request.metrics[slot].metricId = metric_id
+            self._call("nvmlGpmMetricsGet", state.identity.index, nvml.nvmlGpmMetricsGet, request)
+        finally:
+            self._call("nvmlGpmSampleFree", state.identity.index, nvml.nvmlGpmSampleFree, previous)
+        return request
+
     def _free_gpm_sample(self, state: _GpuState) -> None:
         sample, state.gpm_previous = state.gpm_previous, None
         try:
             self.nvml.nvmlGpmSampleFree(sample)
         except Exception:  # noqa: BLE001 - best effort at shutdown
             self.errors.count(self._collector, "nvmlGpmSampleFree")
+
+
+def mig_memory_gb(memory_mib: int, parent_total_bytes: int) -> int:
+    """A MIG instance's memory in its profile name's GB, as NVIDIA's k8s-device-plugin
+    names it (go-nvlib): its share of the parent's memory rounded up to eighths, times
+    the parent's memory in whole GiB rounded up. Without the parent's total, the
+    instance's GiB rounded up."""
+    gib = 1024**3
+    if parent_total_bytes <= 0:
+        return math.ceil(memory_mib / 1024)
+    share = math.ceil(memory_mib * 1024 * 1024 / parent_total_bytes * 8) / 8
+    return round(share * math.ceil(parent_total_bytes / gib))
