@@ -7,6 +7,12 @@ task/none, no cgroups, select/linear). The slurmd serves the node named after th
 ``gpu01``..``gpu03`` are defined with no slurmd of their own (see the configuration). Every
 daemon is stopped by its PID. Under CI (``CI`` set) a missing package fails the test
 instead of skipping it.
+
+With ``gpus=N`` the host's node also has N GPUs as Slurm's GRES: ``gres.conf`` lists N
+device files (links to ``/dev/null`` under the work directory, ``AutoDetect=off``: slurmd
+only checks that they are devices) and the selection is ``select/cons_tres``, so jobs on
+the host share it GPU by GPU. ``prolog`` / ``epilog`` become slurmd's ``Prolog=`` / ``Epilog=`` with
+``PrologFlags=Alloc``: the prolog runs when the job is allocated, not at its first step.
 """
 
 from __future__ import annotations
@@ -51,6 +57,9 @@ class SlurmCluster:
     host: str = field(default_factory=lambda: socket.gethostname().split(".")[0])
     processes: list[ManagedProcess] = field(default_factory=list)
     run_dir: Path | None = None
+    gpus: int = 0
+    prolog: Path | None = None
+    epilog: Path | None = None
 
     @property
     def conf(self) -> Path:
@@ -85,14 +94,14 @@ class SlurmCluster:
             f"SlurmdLogFile={work / 'log' / 'slurmd.log'}",
             "ProctrackType=proctrack/linuxproc",
             "TaskPlugin=task/none",
-            "SelectType=select/linear",
+            *self._gpu_config(),
             "SchedulerType=sched/builtin",
             "JobAcctGatherType=jobacct_gather/none",
             "AccountingStorageType=accounting_storage/none",
             "JobCompType=jobcomp/none",
             "MpiDefault=none",
             "MailProg=/bin/true",
-            f"NodeName={self.host} NodeAddr=127.0.0.1 CPUs=1 State=UNKNOWN",
+            f"NodeName={self.host} NodeAddr=127.0.0.1 {self._host_resources()} State=UNKNOWN",
             # No slurmd of their own: slurmctld's pings reach this host's, so they read as
             # responding (IDLE) and take DRAIN / RESUME as real nodes do. Jobs run only on
             # the host (sbatch -w).
@@ -100,6 +109,38 @@ class SlurmCluster:
             "PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
         ]
         self.conf.write_text("\n".join(lines) + "\n")
+
+    @property
+    def gpu_devices(self) -> Path:
+        """The directory of the host's fake GPU device files (``nvidia0``...)."""
+        return self.workdir / "dev"
+
+    def _gpu_config(self) -> list[str]:
+        lines = [f"Prolog={self.prolog}"] if self.prolog else []
+        lines += [f"Epilog={self.epilog}"] if self.epilog else []
+        lines += ["PrologFlags=Alloc"] if self.prolog else []
+        if not self.gpus:
+            return [*lines, "SelectType=select/linear"]
+        self.gpu_devices.mkdir(parents=True, exist_ok=True)
+        # slurmd wants each File to be a character or block device, and mknod needs root:
+        # links to /dev/null are devices to stat() and never opened here (task/none).
+        for index in range(self.gpus):
+            device = self.gpu_devices / f"nvidia{index}"
+            if not device.is_symlink():
+                device.symlink_to("/dev/null")
+        (self.workdir / "gres.conf").write_text(
+            "AutoDetect=off\n"
+            f"NodeName={self.host} Name=gpu File={self.gpu_devices}/nvidia[0-{self.gpus - 1}]\n"
+        )
+        # One CPU per GPU whatever this machine has (config_overrides), so that jobs of one
+        # GPU each can run side by side on the host.
+        return [*lines, "GresTypes=gpu", "SelectType=select/cons_tres",
+                "SelectTypeParameters=CR_Core", "SlurmdParameters=config_overrides"]  # fmt: skip
+
+    def _host_resources(self) -> str:
+        if not self.gpus:
+            return "CPUs=1"
+        return f"CPUs={self.gpus} Gres=gpu:{self.gpus}"
 
     def start(self) -> SlurmCluster:
         # munged wants its socket's directory open to all and its key private; pytest's
