@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gpufleet.gpu.fake import FakeNvml, load_fixture
+from gpufleet.gpu.fake import FakeNvml, bundled_fixture, load_fixture
 from gpufleet.gpu.reader import NvmlReader
 from gpufleet.gpu.record import RecordingNvml
 
@@ -44,3 +44,23 @@ def test_recorded_errors_are_kept_by_name(fake_nvml: FakeNvml) -> None:
         "nvml_error": "NVML_ERROR_NOT_SUPPORTED"
     }
     assert device["nvmlDeviceGetMigMode"] == [0, 0]
+
+
+def test_a_mig_node_records_and_replays_its_instances(tmp_path: Path) -> None:
+    recorder = RecordingNvml(FakeNvml(bundled_fixture("h100-sxm-mig")))
+    original = read_twice(recorder)
+    fixture = recorder.fixture()
+    path = tmp_path / "recorded.json"
+    path.write_text(json.dumps(fixture))
+    replayed = read_twice(FakeNvml(load_fixture(path)))
+    assert len(original.gpus) == 8 + 11
+    for before, after in zip(original.gpus, replayed.gpus, strict=True):
+        assert after.identity == before.identity
+        assert after.values == before.values
+    gpu1 = fixture["devices"][1]
+    assert gpu1["nvmlDeviceGetMaxMigDeviceCount"] == 7
+    # the three free indices answered NOT_FOUND: no entry, so the replay answers the same
+    assert [mig is None for mig in gpu1["mig_devices"]] == [False] * 4
+    assert gpu1["mig_devices"][0]["nvmlDeviceGetName"] == "NVIDIA H100 80GB HBM3 MIG 2c.3g.40gb"
+    assert set(gpu1["nvmlGpmMigMetricsGet"]) == {"2", "3", "5"}
+    assert "nvmlDeviceGetTemperature" not in gpu1["mig_devices"][0]  # never asked on it

@@ -3,7 +3,9 @@
 ``RecordingNvml`` wraps the pynvml module: every call the reader makes passes
 through to NVML and its result (or error) is stored under the call's name and
 arguments, in the format ``gpufleet.gpu.fake`` documents. Running the reader
-through it therefore records exactly the calls the agent makes.
+through it therefore records exactly the calls the agent makes. Calls on a MIG
+device handle are stored under its parent's ``mig_devices``, by the index the
+handle was asked for with.
 """
 
 from __future__ import annotations
@@ -48,6 +50,17 @@ _STRUCT_FIELDS: dict[str, tuple[str, ...]] = {
     "nvmlDeviceGetMemoryInfo_v2": ("total", "reserved", "free", "used"),
     "nvmlDeviceGetViolationStatus": ("referenceTime", "violationTime"),
     "nvmlGpmQueryDeviceSupport": ("isSupportedDevice",),
+    "nvmlDeviceGetAttributes": (
+        "multiprocessorCount",
+        "sharedCopyEngineCount",
+        "sharedDecoderCount",
+        "sharedEncoderCount",
+        "sharedJpegCount",
+        "sharedOfaCount",
+        "gpuInstanceSliceCount",
+        "computeInstanceSliceCount",
+        "memorySizeMB",
+    ),
 }
 _VALUE_ATTRS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
 
@@ -58,7 +71,10 @@ class RecordingNvml:
         self.system: dict[str, Any] = {}
         self.devices: dict[int, dict[str, Any]] = {}
         self._index_by_handle: dict[Any, int] = {}
-        self._gpm_sample_device: dict[int, int] = {}
+        # MIG device handle -> (parent index, MIG device index)
+        self._mig_by_handle: dict[Any, tuple[int, int]] = {}
+        # GPM sample -> (GPU index, GPU instance id or None for the whole GPU)
+        self._gpm_sample_device: dict[int, tuple[int, int | None]] = {}
 
     def __getattr__(self, name: str) -> Any:
         target = getattr(self._nvml, name)
@@ -94,6 +110,35 @@ class RecordingNvml:
         except TypeError:
             return None
 
+    def _device_entry(self, handle: Any) -> tuple[int, dict[str, Any]] | None:
+        """The fixture entry a handle's answers go to: its GPU's, or its MIG device's."""
+        index = self._device_index(handle)
+        if index is not None:
+            return index, self.devices[index]
+        try:
+            mig = self._mig_by_handle.get(handle_key(handle))
+        except TypeError:
+            return None
+        if mig is None:
+            return None
+        entry = self.devices[mig[0]]["mig_devices"][mig[1]]
+        return mig[0], entry
+
+    def _store_mig_handle(self, args: tuple[Any, ...], result: Any, error: str | None) -> None:
+        index = self._device_index(args[0])
+        if index is None:
+            return
+        migs: list[dict[str, Any] | None] = self.devices[index].setdefault("mig_devices", [])
+        if error is not None:
+            # no MIG device there: no entry (null where a later index has one), which the
+            # fake answers with NOT_FOUND
+            return
+        mig_index = int(args[1])
+        migs.extend([None] * (mig_index + 1 - len(migs)))
+        if migs[mig_index] is None:
+            migs[mig_index] = {}
+        self._mig_by_handle[handle_key(result)] = (index, mig_index)
+
     def _store(
         self,
         name: str,
@@ -112,13 +157,19 @@ class RecordingNvml:
         if name == "nvmlGpmMetricsGet":
             self._store_gpm(args[0], error)
             return
-        index = self._device_index(args[0]) if args else None
-        if index is None:
+        if name == "nvmlDeviceGetMigDeviceHandleByIndex":
+            self._store_mig_handle(args, result, error)
             return
-        device = self.devices[index]
+        found = self._device_entry(args[0]) if args else None
+        if found is None:
+            return
+        index, device = found
         if name == "nvmlGpmSampleGet" and error is None:
             pointer = ctypes.cast(args[1], ctypes.c_void_p).value or 0
-            self._gpm_sample_device[int(pointer)] = index
+            self._gpm_sample_device[int(pointer)] = (index, None)
+            return
+        if name == "nvmlGpmMigSampleGet":
+            self._store_mig_gpm_sample(index, device, args, error)
             return
         if name == "nvmlDeviceGetFieldValues":
             self._store_fields(device, args[1], result, error)
@@ -163,6 +214,20 @@ class RecordingNvml:
         else:
             device[name] = value
 
+    def _store_mig_gpm_sample(
+        self, index: int, device: dict[str, Any], args: tuple[Any, ...], error: str | None
+    ) -> None:
+        """nvmlGpmMigSampleGet(parent, GPU instance id, sample): the metrics computed from
+        the sample go under the parent's nvmlGpmMigMetricsGet, by GPU instance id."""
+        by_instance = device.setdefault("nvmlGpmMigMetricsGet", {})
+        gpu_instance = int(args[1])
+        if error is not None:
+            by_instance[str(gpu_instance)] = {"nvml_error": error}
+            return
+        by_instance.setdefault(str(gpu_instance), {})
+        pointer = ctypes.cast(args[2], ctypes.c_void_p).value or 0
+        self._gpm_sample_device[int(pointer)] = (index, gpu_instance)
+
     def _store_fields(
         self, device: dict[str, Any], requested: list[Any], result: Any, error: str | None
     ) -> None:
@@ -182,10 +247,15 @@ class RecordingNvml:
 
     def _store_gpm(self, request: Any, error: str | None) -> None:
         pointer = ctypes.cast(request.sample2, ctypes.c_void_p).value or 0
-        index = self._gpm_sample_device.get(int(pointer))
-        if index is None or error:
+        source = self._gpm_sample_device.get(int(pointer))
+        if source is None or error:
             return
-        recorded = self.devices[index].setdefault("nvmlGpmMetricsGet", {})
+        index, gpu_instance = source
+        if gpu_instance is None:
+            recorded = self.devices[index].setdefault("nvmlGpmMetricsGet", {})
+        else:
+            by_instance = self.devices[index].setdefault("nvmlGpmMigMetricsGet", {})
+            recorded = by_instance.setdefault(str(gpu_instance), {})
         for slot in range(request.numMetrics):
             metric = request.metrics[slot]
             if int(metric.nvmlReturn) == 0:
@@ -209,7 +279,8 @@ def record_fixture(node: str, out: str, metrics_out: str | None = None) -> str:
     if metrics_out:
         with open(metrics_out, "wb") as handle:
             handle.write(render(gpu_families(snapshot)))
+    instances = sum(1 for reading in snapshot.gpus if reading.identity.is_mig)
     return (
-        f"recorded {len(snapshot.gpus)} GPUs into {out}; "
+        f"recorded {snapshot.gpus_seen} GPUs and {instances} MIG instances into {out}; "
         f"errors: {reader.errors.snapshot() or 'none'}; unsupported: {snapshot.unsupported}"
     )

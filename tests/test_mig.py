@@ -1,0 +1,282 @@
+"""MIG: an H100 node with GPUs in MIG mode, read through NVML's MIG calls at the pynvml
+boundary (the fake replays h100-sxm-mig.json). Each GPU instance is one reading with
+dcgm-exporter's GPU_I_PROFILE / GPU_I_ID labels and what NVML serves per instance; the
+parent GPU keeps its hardware state (ECC, temperature, power, NVLink, XIDs); instances
+are not GPUs."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpufleet.exposition import render
+from gpufleet.gpu import catalogue as cat
+from gpufleet.gpu.fake import FakeNvml, bundled_fixture
+from gpufleet.gpu.reader import NvmlReader, mig_memory_gb
+from gpufleet.gpu.render import gpu_families
+from gpufleet.gpu.snapshot import GpuReading, GpuSnapshot
+from gpufleet.gpu.xid import XidLedger
+
+MIB = 1024 * 1024
+# What NVML serves on a MIG device handle / per GPU instance (see fixtures/README.md)
+PER_INSTANCE = {
+    cat.FB_FREE.name,
+    cat.FB_USED.name,
+    cat.FB_RESERVED.name,
+    cat.GR_ENGINE_ACTIVE.name,
+    cat.SM_ACTIVE.name,
+    cat.SM_OCCUPANCY.name,
+    cat.PIPE_TENSOR_ACTIVE.name,
+    cat.DRAM_ACTIVE.name,
+}
+# The parent's hardware state, which stays on the parent's series
+HARDWARE = {
+    cat.GPU_TEMP.name,
+    cat.MEMORY_TEMP.name,
+    cat.POWER_USAGE.name,
+    cat.TOTAL_ENERGY.name,
+    cat.SM_CLOCK.name,
+    cat.ECC_SBE_VOL.name,
+    cat.ECC_DBE_VOL.name,
+    cat.ECC_SBE_AGG.name,
+    cat.ECC_DBE_AGG.name,
+    cat.PCIE_REPLAY.name,
+    cat.NVLINK_CRC_FLIT.name,
+    cat.NVLINK_ECC_ERRORS.name,
+    cat.POWER_VIOLATION.name,
+    cat.CLOCKS_EVENT_REASONS.name,
+}
+
+
+@pytest.fixture
+def mig_fixture() -> dict[str, Any]:
+    return bundled_fixture("h100-sxm-mig")
+
+
+@pytest.fixture
+def mig_nvml(mig_fixture: dict[str, Any]) -> FakeNvml:
+    return FakeNvml(mig_fixture)
+
+
+def read_once(nvml: FakeNvml) -> tuple[NvmlReader, GpuSnapshot]:
+    reader = NvmlReader(nvml, "node-a")
+    reader.open()
+    return reader, reader.read()
+
+
+def instances(snapshot: GpuSnapshot, index: int | None = None) -> list[GpuReading]:
+    return [
+        reading
+        for reading in snapshot.gpus
+        if reading.identity.is_mig and (index is None or reading.identity.index == index)
+    ]
+
+
+def parent(snapshot: GpuSnapshot, index: int) -> GpuReading:
+    return next(r for r in snapshot.gpus if r.identity.index == index and not r.identity.is_mig)
+
+
+def test_each_gpu_instance_is_one_reading_after_its_parent(mig_nvml: FakeNvml) -> None:
+    reader, snapshot = read_once(mig_nvml)
+    assert [(r.identity.index, r.identity.mig_instance_id) for r in snapshot.gpus] == [
+        (0, None),
+        *((0, gi) for gi in range(7, 14)),
+        (1, None),
+        (1, 2),
+        (1, 3),
+        (1, 5),
+        (2, None),
+        (2, 0),
+        *((index, None) for index in range(3, 8)),
+    ]
+    profiles = {(r.identity.index, r.identity.mig_profile) for r in instances(snapshot)}
+    assert profiles == {(0, "1g.10gb"), (1, "3g.40gb"), (1, "2g.20gb"), (2, "7g.80gb")}
+    # instances are not GPUs: 8 GPUs seen and expected, and only the parents' handles
+    # go to the XID watcher
+    assert (snapshot.gpus_seen, snapshot.gpus_expected) == (8, 8)
+    assert [identity.mig_instance_id for _, identity in reader.handles] == [None] * 8
+    assert reader.errors.snapshot() == {}
+
+
+def test_an_instance_has_its_parent_s_labels_then_dcgm_exporter_s_mig_labels(
+    mig_nvml: FakeNvml, mig_fixture: dict[str, Any]
+) -> None:
+    _, snapshot = read_once(mig_nvml)
+    recorded = mig_fixture["devices"][0]
+    first = instances(snapshot, 0)[0]
+    # dcgm-exporter's template (rendermetrics/render_metrics.go): the MIG labels come
+    # after modelName and before the node label
+    assert first.identity.label_pairs() == (
+        ("gpu", "0"),
+        ("UUID", recorded["nvmlDeviceGetUUID"]),
+        ("pci_bus_id", recorded["nvmlDeviceGetPciInfo"]["busId"]),
+        ("device", "nvidia0"),
+        ("modelName", "NVIDIA H100 80GB HBM3"),
+        ("GPU_I_PROFILE", "1g.10gb"),
+        ("GPU_I_ID", "7"),
+        ("Hostname", "node-a"),
+    )
+    assert first.identity.mig_uuid == recorded["mig_devices"][0]["nvmlDeviceGetUUID"]
+    assert first.identity.mig_uuid.startswith("MIG-")
+    assert first.identity.mig_compute_instance_id == 0
+    # a whole GPU's labels are unchanged
+    assert [key for key, _ in parent(snapshot, 0).identity.label_pairs()] == list(cat.GPU_LABELS)
+
+
+def test_an_instance_holds_what_nvml_serves_per_instance(
+    mig_nvml: FakeNvml, mig_fixture: dict[str, Any]
+) -> None:
+    _, snapshot = read_once(mig_nvml)  # GPM primed at open(): rates in the first snapshot
+    recorded = mig_fixture["devices"][0]
+    for reading, mig in zip(instances(snapshot, 0), recorded["mig_devices"], strict=True):
+        assert reading.up
+        assert set(reading.values) == PER_INSTANCE, reading.identity
+        memory = mig["nvmlDeviceGetMemoryInfo_v2"]
+        assert reading.values[cat.FB_USED.name] == memory["used"] / MIB
+        assert reading.values[cat.FB_FREE.name] == memory["free"] / MIB
+        gpm = recorded["nvmlGpmMigMetricsGet"][str(reading.identity.mig_instance_id)]
+        assert reading.values[cat.SM_ACTIVE.name] == pytest.approx(gpm["2"] / 100)
+    idle = next(r for r in instances(snapshot, 0) if r.identity.mig_instance_id == 11)
+    assert idle.values[cat.FB_USED.name] == 0 and idle.values[cat.SM_ACTIVE.name] == 0
+
+
+def test_the_parent_keeps_its_hardware_state_and_loses_what_mig_refuses(
+    mig_nvml: FakeNvml,
+) -> None:
+    _, snapshot = read_once(mig_nvml)
+    for index in (0, 1, 2):
+        whole = parent(snapshot, index)
+        assert set(whole.values) >= HARDWARE, index
+        # nvml.h: utilisation is not supported on MIG-enabled GPUs; no whole-GPU GPM
+        assert cat.GPU_UTIL.name not in whole.values
+        assert cat.SM_ACTIVE.name not in whole.values
+        # the parent's memory is the sum over its GPU instances (aggregate in MIG mode)
+        used = sum(r.values[cat.FB_USED.name] for r in instances(snapshot, index))
+        assert whole.values[cat.FB_USED.name] == pytest.approx(used)
+        for reading in instances(snapshot, index):
+            assert not HARDWARE & set(reading.values), reading.identity
+    assert cat.GPU_UTIL.name in parent(snapshot, 3).values
+    assert snapshot.unsupported[cat.GPU_UTIL.name] == 3  # GPUs, not instances
+
+
+def test_compute_instances_of_one_gpu_instance_are_one_reading(
+    mig_nvml: FakeNvml, mig_fixture: dict[str, Any]
+) -> None:
+    _, snapshot = read_once(mig_nvml)
+    split = [r for r in instances(snapshot, 1) if r.identity.mig_instance_id == 2]
+    assert len(split) == 1  # dcgm-exporter serves GPU instances
+    first_ci = mig_fixture["devices"][1]["mig_devices"][0]
+    assert first_ci["nvmlDeviceGetName"].endswith("MIG 2c.3g.40gb")
+    assert split[0].identity.mig_profile == "3g.40gb"
+    assert split[0].identity.mig_uuid == first_ci["nvmlDeviceGetUUID"]
+    assert split[0].identity.mig_compute_instance_id == 0
+
+
+def test_the_profile_follows_nvidia_s_naming_where_nvml_gives_no_name(
+    mig_nvml: FakeNvml, mig_fixture: dict[str, Any]
+) -> None:
+    # every profile in the fixture agrees with the k8s-device-plugin's naming rule
+    total = mig_fixture["devices"][0]["nvmlDeviceGetMemoryInfo"]["total"]
+    for device in mig_fixture["devices"][:3]:
+        for mig in device["mig_devices"]:
+            attributes = mig["nvmlDeviceGetAttributes"]
+            name = f"{attributes['gpuInstanceSliceCount']}g."
+            name += f"{mig_memory_gb(attributes['memorySizeMB'], total)}gb"
+            assert mig["nvmlDeviceGetName"].endswith(name), mig["nvmlDeviceGetName"]
+    for mig_index in range(4):
+        mig_nvml.set_value(
+            1, "nvmlDeviceGetName", {"nvml_error": "NVML_ERROR_UNKNOWN"}, mig=mig_index
+        )
+    _, snapshot = read_once(mig_nvml)
+    assert [r.identity.mig_profile for r in instances(snapshot, 1)] == [
+        "3g.40gb",
+        "2g.20gb",
+        "2g.20gb",
+    ]
+
+
+def test_instances_follow_mig_mode_and_reconfiguration_without_a_restart(
+    mig_fixture: dict[str, Any],
+) -> None:
+    nvml = FakeNvml(bundled_fixture())  # MIG disabled everywhere
+    reader = NvmlReader(nvml, "node-a")
+    reader.open()
+    assert not instances(reader.read())
+    nvml.set_mig_mode(4, True)  # enabling MIG mode creates no instance
+    enabled = reader.read()
+    assert not instances(enabled)
+    assert cat.GPU_UTIL.name not in parent(enabled, 4).values
+    layout = copy.deepcopy(mig_fixture["devices"][1]["mig_devices"])
+    nvml.set_mig_devices(4, layout)
+    created = reader.read()
+    assert [r.identity.mig_instance_id for r in instances(created, 4)] == [2, 3, 5]
+    assert all(cat.FB_USED.name in r.values for r in instances(created, 4))
+    nvml.set_mig_devices(4, [layout[0], layout[1], None, None])  # the 2g.20gb are destroyed
+    assert [r.identity.mig_instance_id for r in instances(reader.read(), 4)] == [2]
+    nvml.set_mig_mode(4, False)
+    whole = reader.read()
+    assert not instances(whole)
+    assert cat.GPU_UTIL.name in parent(whole, 4).values  # asked again on the mode change
+    assert reader.errors.snapshot() == {}
+
+
+def test_a_lost_parent_takes_its_instances_with_it(mig_nvml: FakeNvml) -> None:
+    reader, _ = read_once(mig_nvml)
+    mig_nvml.lose_gpu(0)
+    lost = reader.read()
+    assert not parent(lost, 0).up
+    assert not instances(lost, 0)
+    assert lost.gpus_seen == 7
+    mig_nvml.restore_gpu(0)
+    assert len(instances(reader.read(), 0)) == 7
+
+
+def exposition(snapshot: GpuSnapshot, ledger: XidLedger | None = None) -> dict[str, Any]:
+    view = ledger.view() if ledger is not None else None
+    text = render(gpu_families(snapshot, view)).decode()
+    return {family.name: family for family in text_string_to_metric_families(text)}
+
+
+def test_rendered_instances_are_series_of_their_own_and_gpu_counts_stay_gpus(
+    mig_nvml: FakeNvml,
+) -> None:
+    _, snapshot = read_once(mig_nvml)
+    ledger = XidLedger()
+    ledger.set_watching(True)
+    ledger.record(parent(snapshot, 0).identity.uuid, 31, 1.0)
+    families = exposition(snapshot, ledger)
+    used = families[cat.FB_USED.name].samples
+    assert len(used) == 8 + 11  # every GPU and every GPU instance
+    gpu0 = {s.labels.get("GPU_I_ID"): s.value for s in used if s.labels["gpu"] == "0"}
+    assert set(gpu0) == {None, *(str(gi) for gi in range(7, 14))}
+    sm = families[cat.SM_ACTIVE.name].samples
+    assert {s.labels["GPU_I_PROFILE"] for s in sm if "GPU_I_ID" in s.labels} == {
+        "1g.10gb",
+        "3g.40gb",
+        "2g.20gb",
+        "7g.80gb",
+    }
+    # hardware state, up, info and the last XID: once per GPU, never on an instance
+    for name in (
+        cat.GPU_TEMP.name,
+        cat.ECC_DBE_VOL.name,
+        cat.GPU_UP.name,
+        cat.GPU_INFO.name,
+        cat.XID_LAST.name,
+    ):
+        samples = families[name].samples
+        assert not any("GPU_I_ID" in s.labels for s in samples), name
+        assert sorted(int(s.labels["gpu"]) for s in samples) == list(range(8)), name
+    assert len(families[cat.GPU_UP.name].samples) == 8
+    xid_total = [
+        sample
+        for family in families.values()
+        for sample in family.samples
+        if sample.name == cat.XID_TOTAL.name
+    ]
+    assert [(s.labels["gpu"], s.labels["xid"], s.value) for s in xid_total] == [("0", "31", 1)]
+    assert families[cat.GPUS_SEEN.name].samples[0].value == 8
+    assert families[cat.GPUS_EXPECTED.name].samples[0].value == 8
