@@ -57,6 +57,8 @@ def test_every_flag_has_an_environment_variable(monkeypatch: pytest.MonkeyPatch)
         GPUFLEET_LEDGER_URL="http://ledger:9406",
         GPUFLEET_LEDGER_TOKEN_FILE="/run/secrets/ledger",
         GPUFLEET_LEDGER_QUEUE_SIZE="64",
+        GPUFLEET_HPC_JOB_MAPPING_DIR="/run/gpufleet/hpc-jobs",
+        GPUFLEET_HPC_JOB_MAPPING_INTERVAL="2",
     )
     assert values == {
         "listen": ("127.0.0.1", 9999),
@@ -82,6 +84,8 @@ def test_every_flag_has_an_environment_variable(monkeypatch: pytest.MonkeyPatch)
         "max_body_bytes": 500000,
         "max_connections": 100,
         "max_connections_per_client": 10,
+        "hpc_job_mapping_dir": "/run/gpufleet/hpc-jobs",
+        "hpc_job_mapping_interval": 2.0,
     }
     assert {option.env for option in AGENT_OPTIONS} == {
         "GPUFLEET_LISTEN",
@@ -107,6 +111,8 @@ def test_every_flag_has_an_environment_variable(monkeypatch: pytest.MonkeyPatch)
         "GPUFLEET_LEDGER_URL",
         "GPUFLEET_LEDGER_TOKEN_FILE",
         "GPUFLEET_LEDGER_QUEUE_SIZE",
+        "GPUFLEET_HPC_JOB_MAPPING_DIR",
+        "GPUFLEET_HPC_JOB_MAPPING_INTERVAL",
     }
 
 

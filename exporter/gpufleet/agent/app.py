@@ -15,11 +15,13 @@ from prometheus_client import CollectorRegistry
 
 from gpufleet import __version__
 from gpufleet.agent.connections import ConnectionGuard, ConnectionLimits, protocol_for
+from gpufleet.agent.hpc_jobs import HpcJobMapping
 from gpufleet.agent.ledger_forward import AttemptRelay, ForwardSettings, LedgerForwarder
 from gpufleet.agent.metrics_endpoint import MetricsEndpoint, Receive, Scope, Send
 from gpufleet.agent.selfmetrics import AgentSelfCollector, ScrapeStats
 from gpufleet.agent.training_aggregate import IngestLimits, TrainingAggregator
 from gpufleet.agent.training_ingest import IngestApi
+from gpufleet.gpu.attribution import Attribution
 from gpufleet.gpu.reader import CallErrors, NvmlApi, NvmlReader
 from gpufleet.gpu.render import GpuExpositionCache
 from gpufleet.gpu.sampler import GpuSampler
@@ -49,6 +51,9 @@ class AgentSettings:
     connections: ConnectionLimits = field(default_factory=ConnectionLimits)
     # Where the ranks' job attempt events go (None: counted as unforwarded, not sent).
     ledger: ForwardSettings | None = None
+    # dcgm-exporter's Slurm job mapping directory (None: no hpc_job labels).
+    hpc_job_mapping_dir: str | None = None
+    hpc_job_mapping_interval: float = 5.0
 
 
 class Agent:
@@ -75,6 +80,16 @@ class Agent:
         self.connections = ConnectionGuard(settings.connections)
         forwarder = LedgerForwarder(settings.ledger) if settings.ledger is not None else None
         self.attempts = AttemptRelay(forwarder)
+        self.hpc_jobs = (
+            HpcJobMapping(settings.hpc_job_mapping_dir, settings.hpc_job_mapping_interval)
+            if settings.hpc_job_mapping_dir
+            else None
+        )
+
+    def attribution(self) -> Attribution:
+        """Who holds the GPUs now: the Slurm jobs mapped to them."""
+        jobs_version, jobs = self.hpc_jobs.current() if self.hpc_jobs is not None else (0, {})
+        return Attribution(jobs=jobs, version=(jobs_version,))
 
     def _nvml(self) -> NvmlApi:
         if self._nvml_override is not None:
@@ -102,7 +117,9 @@ class Agent:
             )
             self.xids = XidLedger()
             self._watcher = XidWatcher(nvml, reader.handles, self.xids, self.errors)
-            self._cache = GpuExpositionCache(self.sampler, self.xids, settings.node_label)
+            self._cache = GpuExpositionCache(
+                self.sampler, self.xids, settings.node_label, self.attribution
+            )
         self.registry.register(self.training)
         self.registry.register(
             AgentSelfCollector(
@@ -126,6 +143,8 @@ class Agent:
             self._watcher.start()
         if self.attempts.forwarder is not None:
             self.attempts.forwarder.start()
+        if self.hpc_jobs is not None:
+            self.hpc_jobs.start()
         log.info(
             "gpufleet agent %s on node %s, GPU source %s",
             __version__,
@@ -137,6 +156,8 @@ class Agent:
         if not self._started:
             return
         self._started = False
+        if self.hpc_jobs is not None:
+            self.hpc_jobs.stop()
         if self.attempts.forwarder is not None:
             self.attempts.forwarder.stop()
         if self._watcher is not None:

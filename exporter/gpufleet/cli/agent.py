@@ -47,6 +47,12 @@ AGENT_OPTIONS = variables("GPUFLEET_", (
            "from $GPUFLEET_LEDGER_TOKEN, never from a flag"),
     Option("--ledger-queue-size", kinds.positive_int, "1024",
            "attempt events held while the ledger is slow or down; beyond it they drop"),
+    Option("--hpc-job-mapping-dir", kinds.text, None,
+           "directory of Slurm job mapping files as dcgm-exporter reads them (one file per "
+           "GPU index, or <index>.<GPU instance id> for MIG, one job id per line, written by "
+           "a Slurm prolog/epilog): the GPU's series carry hpc_job (default: none)"),
+    Option("--hpc-job-mapping-interval", kinds.positive_seconds, "5",
+           "seconds between reads of the hpc-job-mapping directory"),
     Option("--job-ttl", kinds.ttl_seconds, "900",
            "seconds after which a training job that stopped reporting is forgotten"),
     Option("--max-jobs", kinds.positive_int, "16", "training jobs tracked at once"),

@@ -282,6 +282,27 @@ XID_LAST_TIMESTAMP = _g(
     "gpufleet_gpu_last_xid_timestamp_seconds", "Unix time of the last XID error on this GPU."
 )
 
+# Join series (gpu/render.py's allocation_families): who holds a GPU, as few labels as
+# identify it, so a rule adds pod or job labels with `* on (Hostname, gpu, UUID)
+# group_left (namespace, pod) gpufleet_gpu_allocation_info`. A MIG instance's series add
+# GPU_I_PROFILE and GPU_I_ID (job_info: GPU_I_ID), allocation_info adds training_job
+# when a training client in that pod reports to the agent; the labels below are those
+# every series has.
+ALLOCATION_INFO = GpuMetric(
+    "gpufleet_gpu_allocation_info",
+    "gauge",
+    "The pod and container the kubelet allocated this GPU (or MIG instance) to; the value "
+    "is always 1.",
+    (NODE_LABEL, "gpu", "UUID", "namespace", "pod", "container"),
+)
+JOB_INFO = GpuMetric(
+    "gpufleet_gpu_job_info",
+    "gauge",
+    "A Slurm job this GPU (or MIG instance) is mapped to (--hpc-job-mapping-dir), one series "
+    "per job; the value is always 1.",
+    (NODE_LABEL, "gpu", "UUID", "hpc_job"),
+)
+
 # dcgm-exporter's err_msg label on DCGM_FI_DEV_XID_ERRORS, from the XID table
 # (gpu/xid_catalogue.py): its text for codes 0-172, "Unknown Error" for any other.
 XID_MESSAGES = DCGM_MESSAGES
@@ -299,4 +320,6 @@ GPU_FAMILIES: tuple[GpuMetric, ...] = (
     XID_LAST,
     XID_TOTAL,
     XID_LAST_TIMESTAMP,
+    ALLOCATION_INFO,
+    JOB_INFO,
 )

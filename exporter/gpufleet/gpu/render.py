@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from gpufleet.exposition import (
     EMPTY_PART,
     Family,
     PrecompressedPart,
-    escape_label_value,
     format_labels,
     render,
 )
 from gpufleet.gpu import catalogue as cat
+from gpufleet.gpu.attribution import (
+    HPC_JOB_LABEL,
+    NO_ATTRIBUTION,
+    Attribution,
+    merge_sorted,
+)
 from gpufleet.gpu.sampler import GpuSampler
-from gpufleet.gpu.snapshot import GpuSnapshot
+from gpufleet.gpu.snapshot import MIG_INSTANCE_LABEL, MIG_PROFILE_LABEL, GpuSnapshot
 from gpufleet.gpu.xid import XidLedger, XidView
 
 
@@ -20,29 +27,60 @@ def _family(metric: cat.GpuMetric) -> Family:
     return Family(metric.name, metric.kind, metric.help)
 
 
+Labels = tuple[tuple[str, str], ...]
+
+
+class _GpuSeries:
+    """How one reading's series are labelled: its base labels (identity, node, driver),
+    and the attribute pairs of each copy (one copy, or one per Slurm job on the GPU)."""
+
+    __slots__ = ("base", "copies")
+
+    def __init__(self, base: str, copies: tuple[Labels, ...]) -> None:
+        self.base = base
+        self.copies = copies
+
+    def dcgm(self, own: Labels = ()) -> list[str]:
+        """dcgm-exporter's families: its own attributes sorted in with the rest."""
+        return [_join(self.base, merge_sorted(attributes, own)) for attributes in self.copies]
+
+    def ours(self, own: Labels = ()) -> list[str]:
+        """gpufleet's families: the attributes, then the family's own labels."""
+        return [_join(self.base, (*attributes, *own)) for attributes in self.copies]
+
+
+def _join(base: str, pairs: Labels) -> str:
+    return f"{base},{format_labels(pairs)}" if pairs else base
+
+
 def gpu_families(
     snapshot: GpuSnapshot,
     xids: XidView | None = None,
     stale: bool = False,
     node_label: str = cat.NODE_LABEL,
+    attribution: Attribution = NO_ATTRIBUTION,
 ) -> list[Family]:
     """Families for one snapshot. A stale snapshot yields no values, only that GPUs are down.
 
     Every series carries dcgm-exporter's labels, the node under ``node_label``
     (``Hostname`` as every released dcgm-exporter, or ``hostname``), and the driver
-    version as ``DCGM_FI_DRIVER_VERSION``, as dcgm-exporter's stock counters do."""
+    version as ``DCGM_FI_DRIVER_VERSION``, as dcgm-exporter's stock counters do; then,
+    while a pod or a Slurm job holds the GPU, ``container``, ``hpc_job``, ``namespace``
+    and ``pod`` (``gpu/attribution.py``)."""
     families: list[Family] = []
     hostname = snapshot.gpus[0].identity.hostname if snapshot.gpus else ""
     driver_pair = (cat.DRIVER_LABEL, snapshot.driver_version)
     host_labels = format_labels(((node_label, hostname), driver_pair))
 
-    def gpu_labels(pairs: tuple[tuple[str, str], ...]) -> str:
+    def gpu_labels(pairs: Labels) -> str:
         named = tuple((node_label if key == cat.NODE_LABEL else key, value) for key, value in pairs)
         return format_labels((*named, driver_pair))
 
-    # keyed by (index, GPU instance): a MIG instance shares its parent's index
-    labels_by_index = {
-        reading.identity.key: gpu_labels(reading.identity.label_pairs())
+    series = {
+        reading.identity.key: _GpuSeries(
+            gpu_labels(reading.identity.label_pairs()),
+            attribution.label_sets(reading.identity),
+        )
         for reading in snapshot.gpus
     }
 
@@ -51,36 +89,36 @@ def gpu_families(
             family = _family(metric)
             for reading in snapshot.gpus:
                 if reading.up and metric.name in reading.values:
-                    family.add(labels_by_index[reading.identity.key], reading.values[metric.name])
+                    value = reading.values[metric.name]
+                    for labels in series[reading.identity.key].dcgm():
+                        family.add(labels, value)
             families.append(family)
 
         throttle = _family(cat.THROTTLE_ACTIVE)
         for reading in snapshot.gpus:
             if not reading.up or reading.clock_event_reasons is None:
                 continue
-            base = labels_by_index[reading.identity.key]
+            gpu = series[reading.identity.key]
             for reason, bit in cat.THROTTLE_REASON_BITS:
                 active = 1.0 if reading.clock_event_reasons & bit else 0.0
-                throttle.add(f'{base},reason="{reason}"', active)
+                for labels in gpu.ours((("reason", reason),)):
+                    throttle.add(labels, active)
         families.append(throttle)
 
-    # gpu_up, gpu_info and the XIDs are the GPU's: a MIG instance is not a GPU (its
-    # parent's series keep them), so counting GPUs by these series stays right
-    gpus = [reading for reading in snapshot.gpus if not reading.identity.is_mig]
     up = _family(cat.GPU_UP)
-    for reading in gpus:
-        up.add(labels_by_index[reading.identity.key], 1.0 if reading.up and not stale else 0.0)
+    for reading in snapshot.gpus:
+        for labels in series[reading.identity.key].ours():
+            up.add(labels, 1.0 if reading.up and not stale else 0.0)
     families.append(up)
 
     info = _family(cat.GPU_INFO)
-    driver = escape_label_value(snapshot.driver_version)
-    cuda = escape_label_value(snapshot.cuda_driver_version)
-    for reading in gpus:
-        info.add(
-            f'{labels_by_index[reading.identity.key]},driver_version="{driver}",'
-            f'cuda_driver_version="{cuda}"',
-            1.0,
-        )
+    versions = (
+        ("driver_version", snapshot.driver_version),
+        ("cuda_driver_version", snapshot.cuda_driver_version),
+    )
+    for reading in snapshot.gpus:
+        for labels in series[reading.identity.key].ours(versions):
+            info.add(labels, 1.0)
     families.append(info)
 
     expected = _family(cat.GPUS_EXPECTED)
@@ -96,46 +134,95 @@ def gpu_families(
     families.append(unsupported)
 
     if xids is not None:
-        families.extend(_xid_families(snapshot, xids, labels_by_index, stale))
+        families.extend(_xid_families(snapshot, xids, series, stale))
+    families.extend(allocation_families(snapshot, attribution, node_label, hostname))
     return families
 
 
+def allocation_families(
+    snapshot: GpuSnapshot, attribution: Attribution, node_label: str, hostname: str
+) -> list[Family]:
+    """The join series: which pod holds each GPU, which Slurm jobs run on it (value 1).
+
+    Few labels, one series per allocated GPU (or instance) and pod, one per GPU and job,
+    so that a rule joins them onto any GPU series ``on (Hostname, gpu, UUID)``
+    without carrying pod labels itself."""
+    allocations = _family(cat.ALLOCATION_INFO)
+    jobs = _family(cat.JOB_INFO)
+    for reading in snapshot.gpus:
+        identity = reading.identity
+        where: Labels = (
+            (node_label, hostname),
+            ("gpu", str(identity.index)),
+            ("UUID", identity.uuid),
+        )
+        if identity.is_mig:
+            instance: Labels = ((MIG_INSTANCE_LABEL, str(identity.mig_instance_id)),)
+            profile: Labels = ((MIG_PROFILE_LABEL, identity.mig_profile or ""),)
+        else:
+            instance = profile = ()
+        pod = attribution.pod_for(identity)
+        if pod is not None:
+            training_job = attribution.training_jobs.get((pod.namespace, pod.pod))
+            allocations.add(
+                format_labels(
+                    (
+                        *where,
+                        *profile,
+                        *instance,
+                        ("namespace", pod.namespace),
+                        ("pod", pod.pod),
+                        ("container", pod.container),
+                        *((("training_job", training_job),) if training_job else ()),
+                    )
+                ),
+                1.0,
+            )
+        for job in attribution.jobs_for(identity):
+            jobs.add(format_labels((*where, *instance, (HPC_JOB_LABEL, job))), 1.0)
+    return [allocations, jobs]
+
+
 def _xid_families(
-    snapshot: GpuSnapshot,
-    xids: XidView,
-    labels_by_index: dict[tuple[int, int], str],
-    stale: bool,
+    snapshot: GpuSnapshot, xids: XidView, series: dict[tuple[int, int], _GpuSeries], stale: bool
 ) -> list[Family]:
     last = _family(cat.XID_LAST)
     total = _family(cat.XID_TOTAL)
     when = _family(cat.XID_LAST_TIMESTAMP)
     for reading in snapshot.gpus:
-        if reading.identity.is_mig:
-            continue  # XIDs are the parent GPU's (NVML reports them on its handle)
-        labels = labels_by_index[reading.identity.key]
+        gpu = series[reading.identity.key]
         history = xids.by_uuid.get(reading.identity.uuid)
         if xids.watching and reading.up and not stale:
             code = history.last_xid if history else 0
-            message = escape_label_value(cat.XID_MESSAGES.get(code, cat.XID_UNKNOWN_MESSAGE))
-            last.add(f'{labels},err_code="{code}",err_msg="{message}"', float(code))
+            message = cat.XID_MESSAGES.get(code, cat.XID_UNKNOWN_MESSAGE)
+            for labels in gpu.dcgm((("err_code", str(code)), ("err_msg", message))):
+                last.add(labels, float(code))
         if history is None:
             continue
         for code in sorted(history.counts):
-            total.add(f'{labels},xid="{code}"', float(history.counts[code]))
-        when.add(labels, history.last_seen)
+            for labels in gpu.ours((("xid", str(code)),)):
+                total.add(labels, float(history.counts[code]))
+        for labels in gpu.ours():
+            when.add(labels, history.last_seen)
     return [last, total, when]
 
 
 class GpuExpositionCache:
-    """Renders the GPU part of /metrics only when the snapshot, XIDs or staleness change."""
+    """Renders the GPU part of /metrics only when the snapshot, XIDs, staleness or the
+    attribution (who holds each GPU) change."""
 
     def __init__(
-        self, sampler: GpuSampler, ledger: XidLedger | None, node_label: str = cat.NODE_LABEL
+        self,
+        sampler: GpuSampler,
+        ledger: XidLedger | None,
+        node_label: str = cat.NODE_LABEL,
+        attribution: Callable[[], Attribution] | None = None,
     ) -> None:
         self._sampler = sampler
         self._ledger = ledger
         self._node_label = node_label
-        self._key: tuple[int, int, bool] | None = None
+        self._attribution = attribution
+        self._key: tuple[int, int, bool, tuple[int, ...]] | None = None
         self._part = EMPTY_PART
         self.renders = 0
 
@@ -145,10 +232,11 @@ class GpuExpositionCache:
         if snapshot is None:
             return EMPTY_PART
         version = self._ledger.version if self._ledger is not None else -1
-        key = (snapshot.seq, version, status.stale)
+        attribution = self._attribution() if self._attribution is not None else NO_ATTRIBUTION
+        key = (snapshot.seq, version, status.stale, attribution.version)
         if key != self._key:
             xids = self._ledger.view() if self._ledger is not None else None
-            families = gpu_families(snapshot, xids, status.stale, self._node_label)
+            families = gpu_families(snapshot, xids, status.stale, self._node_label, attribution)
             self._part = PrecompressedPart.of(render(families))
             self._key = key
             self.renders += 1
