@@ -20,9 +20,9 @@ from gpufleet.agent.app import Agent, AgentSettings
 from gpufleet.devstack import PrometheusServer, http_get, static_scrape_config, wait_until
 from gpufleet.exposition import render
 from gpufleet.gpu import catalogue as cat
-from gpufleet.gpu.dcgm_shape import DcgmNode, parse_counters
+from gpufleet.gpu.dcgm_shape import INSTANCE_FIELDS, DcgmGpu, DcgmInstance, DcgmNode, parse_counters
 from gpufleet.gpu.dcgm_shape import render as render_dcgm
-from gpufleet.gpu.fake import FakeNvml
+from gpufleet.gpu.fake import FakeNvml, bundled_fixture
 from gpufleet.gpu.reader import NvmlReader
 from gpufleet.gpu.render import gpu_families
 from gpufleet.gpu.xid import XidLedger
@@ -305,3 +305,91 @@ def test_the_agent_is_ready_with_profiling_series_and_the_configured_node_label(
     prometheus.wait_for_targets_up(1)
     series = prometheus.wait_for_series('DCGM_FI_PROF_GR_ENGINE_ACTIVE{hostname="gpu-node-07"}', 8)
     assert series[0]["metric"]["DCGM_FI_DRIVER_VERSION"] == "570.86.15"
+
+
+# -- MIG --------------------------------------------------------------------------------
+
+SERIES_LINE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)\{(?P<labels>.*)\} \S+$")
+
+
+def label_layouts(text: str) -> dict[str, list[tuple[tuple[str, str], ...]]]:
+    """Each series' labels in the order the text writes them, by family."""
+    layouts: dict[str, list[tuple[tuple[str, str], ...]]] = {}
+    for line in text.splitlines():
+        match = SERIES_LINE.match(line)
+        if match is None:
+            continue
+        pairs = re.findall(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"', match["labels"])
+        layouts.setdefault(match["name"], []).append(tuple(pairs))
+    return layouts
+
+
+def mig_node_as_dcgm_exporter_sees_it(fixture: dict[str, Any]) -> DcgmNode:
+    """The MIG fixture's node as dcgm-exporter's DCGM sees it: each GPU, or each GPU
+    instance (profile, GPU instance id) of a GPU in MIG mode."""
+    gpus = []
+    for index, device in enumerate(fixture["devices"]):
+        gpu = DcgmGpu(index, device["nvmlDeviceGetUUID"], device["nvmlDeviceGetPciInfo"]["busId"])
+        for mig in device.get("mig_devices") or []:
+            gpu_instance = mig["nvmlDeviceGetGpuInstanceId"]
+            if any(i.gpu_instance_id == gpu_instance for i in gpu.instances):
+                continue  # DCGM's entities are GPU instances, not compute instances
+            profile = re.sub(r"^\d+c\.", "", mig["nvmlDeviceGetName"].rsplit("MIG ", 1)[1])
+            gpu.instances.append(DcgmInstance(profile, gpu_instance))
+        gpus.append(gpu)
+    return DcgmNode("node-a", gpus)
+
+
+def test_a_mig_node_s_instance_series_are_in_dcgm_exporter_s_label_layout() -> None:
+    """Each GPU instance's series carry exactly dcgm-exporter's labels in its order
+    (gpu, UUID, pci_bus_id, device, modelName, GPU_I_PROFILE, GPU_I_ID, the node, the
+    driver), for the fields served per instance (memory, profiling)."""
+    fixture = bundled_fixture("h100-sxm-mig")
+    ours = label_layouts(first_snapshot_text(FakeNvml(fixture)))
+    theirs = label_layouts(
+        render_dcgm(mig_node_as_dcgm_exporter_sees_it(fixture), parse_counters(stock_counters()))
+    )
+    per_instance = sorted(INSTANCE_FIELDS & set(theirs))
+    assert "DCGM_FI_DEV_FB_USED" in per_instance and "DCGM_FI_PROF_SM_ACTIVE" not in theirs
+    per_instance.append("DCGM_FI_PROF_SM_ACTIVE")  # not in the stock file; its layout is
+    for name in per_instance:
+        instance_series = [labels for labels in ours[name] if ("GPU_I_ID", "7") in labels]
+        assert len(instance_series) == 1, name
+        assert [key for key, _ in instance_series[0]] == [
+            "gpu",
+            "UUID",
+            "pci_bus_id",
+            "device",
+            "modelName",
+            "GPU_I_PROFILE",
+            "GPU_I_ID",
+            "Hostname",
+            "DCGM_FI_DRIVER_VERSION",
+        ], name
+    for name in sorted(INSTANCE_FIELDS & set(theirs)):
+        mine, dcgm = (
+            {labels for labels in text[name] if any(k == "GPU_I_ID" for k, _ in labels)}
+            for text in (ours, theirs)
+        )
+        # the same instances, label names in the same order, same values
+        assert len(mine) == 11 and mine == dcgm, name
+
+
+def test_on_a_mig_gpu_the_hardware_state_stays_on_the_gpu_not_each_instance() -> None:
+    """Deliberately unlike dcgm-exporter, which repeats a MIG GPU's temperature, power,
+    clocks, ECC and XID on every instance's series (and has no series of the GPU): the
+    agent keeps them on the GPU's own series, so one GPU's double-bit error is one
+    alert and a node's power sums once. A rule written for both counts GPUs by UUID."""
+    fixture = bundled_fixture("h100-sxm-mig")
+    ours = label_layouts(first_snapshot_text(FakeNvml(fixture)))
+    theirs = label_layouts(
+        render_dcgm(mig_node_as_dcgm_exporter_sees_it(fixture), parse_counters(stock_counters()))
+    )
+    for name in ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_XID_ERRORS"):
+        gpu0_ours = [labels for labels in ours[name] if ("gpu", "0") in labels]
+        gpu0_theirs = [labels for labels in theirs[name] if ("gpu", "0") in labels]
+        assert len(gpu0_ours) == 1 and not any(k == "GPU_I_ID" for k, _ in gpu0_ours[0]), name
+        assert len(gpu0_theirs) == 7, name  # one per 1g.10gb instance
+    # both: no GPU utilisation for a GPU in MIG mode
+    for text_layouts in (ours, theirs):
+        assert not [s for s in text_layouts["DCGM_FI_DEV_GPU_UTIL"] if ("gpu", "0") in s]

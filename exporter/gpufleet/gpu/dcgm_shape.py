@@ -15,6 +15,12 @@ with that file:
   each sorted by name as Go templates range over maps: ``container``,
   ``err_code`` / ``err_msg`` (on ``DCGM_FI_DEV_XID_ERRORS``), ``namespace``,
   ``pod`` (on Kubernetes, while a pod holds the GPU);
+- a GPU with MIG instances as dcgm-exporter's default ``--devices f`` (flex) serves
+  it (devicemonitoring/device_monitoring.go, monitorAllGPUInstances): no series of
+  the GPU itself, one per GPU instance with ``GPU_I_PROFILE``, ``GPU_I_ID`` after
+  ``modelName`` (rendermetrics/render_metrics.go); memory and the profiling fields
+  are the instance's, the rest the GPU's repeated on each instance, and the
+  utilisation fields blank (omitted: DCGM does not serve them for MIG);
 - ``DCGM_FI_DEV_XID_ERRORS`` as the last XID, never reset;
   ``DCGM_EXP_XID_ERRORS_COUNT`` as XIDs per code within its window (one series
   per code, or one zero series without ``xid`` when there were none).
@@ -60,6 +66,31 @@ HEALTHY_VALUES = {
 }
 
 
+# Served per GPU instance (the rest of a MIG GPU's fields are the GPU's, on each instance).
+INSTANCE_FIELDS = frozenset(
+    {
+        "DCGM_FI_DEV_FB_FREE",
+        "DCGM_FI_DEV_FB_USED",
+        "DCGM_FI_DEV_FB_RESERVED",
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+        "DCGM_FI_PROF_SM_ACTIVE",
+        "DCGM_FI_PROF_SM_OCCUPANCY",
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        "DCGM_FI_PROF_DRAM_ACTIVE",
+    }
+)
+# Blank for a GPU instance: dcgm-exporter's maintainers, issues #50 and #430
+# ("not supported for MIG configurations"; use the DCGM_FI_PROF_* fields).
+MIG_BLANK_FIELDS = frozenset(
+    {
+        "DCGM_FI_DEV_GPU_UTIL",
+        "DCGM_FI_DEV_MEM_COPY_UTIL",
+        "DCGM_FI_DEV_ENC_UTIL",
+        "DCGM_FI_DEV_DEC_UTIL",
+    }
+)
+
+
 class CountersError(ValueError):
     """A counters file line that dcgm-exporter would refuse; names the line."""
 
@@ -101,6 +132,16 @@ class Pod:
 
 
 @dataclass(slots=True)
+class DcgmInstance:
+    """A MIG GPU instance: its profile ("1g.10gb"), NVML GPU instance id, own values."""
+
+    profile: str
+    gpu_instance_id: int
+    values: dict[str, float] = field(default_factory=dict)
+    pod: Pod | None = None  # on Kubernetes, the pod that holds this instance
+
+
+@dataclass(slots=True)
 class DcgmGpu:
     index: int
     uuid: str
@@ -110,6 +151,7 @@ class DcgmGpu:
     pod: Pod | None = None
     last_xid: int = 0
     recent_xids: dict[int, int] = field(default_factory=dict)  # code -> count in window
+    instances: list[DcgmInstance] = field(default_factory=list)  # MIG mode
 
     def value(self, name: str) -> float:
         return self.values.get(name, HEALTHY_VALUES.get(name, 0.0))
@@ -154,20 +196,18 @@ def render(node: DcgmNode, counters: list[Counter], node_label: str = "Hostname"
             continue
         lines.append(f"# HELP {counter.name} {counter.help}")
         lines.append(f"# TYPE {counter.name} {counter.kind}")
-        for gpu in node.gpus:
-            base = (
-                f'gpu="{gpu.index}",UUID="{gpu.uuid}",pci_bus_id="{gpu.pci_bus_id}",'
-                f'device="nvidia{gpu.index}",modelName="{escape_label_value(gpu.model)}",'
-                f'{node_label}="{escape_label_value(node.name)}"{extra}'
-            )
-            for own, value in _samples(counter.name, gpu):
+        for gpu, base, instance in _entities(node, node_label, extra):
+            if instance is not None and counter.name in MIG_BLANK_FIELDS:
+                continue
+            for own, value in _samples(counter.name, gpu, instance):
                 attributes = own
-                if gpu.pod is not None:
+                pod = gpu.pod if instance is None else instance.pod
+                if pod is not None:
                     attributes = {
                         **own,
-                        "pod": gpu.pod.name,
-                        "namespace": gpu.pod.namespace,
-                        "container": gpu.pod.container,
+                        "pod": pod.name,
+                        "namespace": pod.namespace,
+                        "container": pod.container,
                     }
                 tail = "".join(
                     f',{key}="{escape_label_value(text)}"'
@@ -177,7 +217,31 @@ def render(node: DcgmNode, counters: list[Counter], node_label: str = "Hostname"
     return "\n".join(lines) + "\n"
 
 
-def _samples(name: str, gpu: DcgmGpu) -> list[tuple[dict[str, str], float]]:
+def _entities(
+    node: DcgmNode, node_label: str, extra: str
+) -> list[tuple[DcgmGpu, str, DcgmInstance | None]]:
+    """What dcgm-exporter monitors by default: each GPU, or each GPU instance of a GPU in
+    MIG mode, with its labels up to the label fields."""
+    entities: list[tuple[DcgmGpu, str, DcgmInstance | None]] = []
+    for gpu in node.gpus:
+        head = (
+            f'gpu="{gpu.index}",UUID="{gpu.uuid}",pci_bus_id="{gpu.pci_bus_id}",'
+            f'device="nvidia{gpu.index}",modelName="{escape_label_value(gpu.model)}"'
+        )
+        tail = f',{node_label}="{escape_label_value(node.name)}"{extra}'
+        if not gpu.instances:
+            entities.append((gpu, head + tail, None))
+        for instance in gpu.instances:
+            mig = f',GPU_I_PROFILE="{instance.profile}",GPU_I_ID="{instance.gpu_instance_id}"'
+            entities.append((gpu, head + mig + tail, instance))
+    return entities
+
+
+def _samples(
+    name: str, gpu: DcgmGpu, instance: DcgmInstance | None = None
+) -> list[tuple[dict[str, str], float]]:
+    if instance is not None and name in INSTANCE_FIELDS:
+        return [({}, instance.values.get(name, gpu.value(name)))]
     if name == XID_LAST:
         code = gpu.last_xid
         text = DCGM_MESSAGES.get(code, UNKNOWN_MESSAGE)  # dcgm-exporter's xid_errors.go
