@@ -105,8 +105,11 @@ def gpu_families(
                     throttle.add(labels, active)
         families.append(throttle)
 
+    # gpu_up, gpu_info and the XID families are the GPU's: a MIG instance is not a GPU
+    # (its parent's series keep them), so counting GPUs by these series stays right
+    gpus = [reading for reading in snapshot.gpus if not reading.identity.is_mig]
     up = _family(cat.GPU_UP)
-    for reading in snapshot.gpus:
+    for reading in gpus:
         for labels in series[reading.identity.key].ours():
             up.add(labels, 1.0 if reading.up and not stale else 0.0)
     families.append(up)
@@ -116,7 +119,7 @@ def gpu_families(
         ("driver_version", snapshot.driver_version),
         ("cuda_driver_version", snapshot.cuda_driver_version),
     )
-    for reading in snapshot.gpus:
+    for reading in gpus:
         for labels in series[reading.identity.key].ours(versions):
             info.add(labels, 1.0)
     families.append(info)
@@ -190,6 +193,8 @@ def _xid_families(
     total = _family(cat.XID_TOTAL)
     when = _family(cat.XID_LAST_TIMESTAMP)
     for reading in snapshot.gpus:
+        if reading.identity.is_mig:
+            continue  # XIDs are the parent GPU's (NVML reports them on its handle)
         gpu = series[reading.identity.key]
         history = xids.by_uuid.get(reading.identity.uuid)
         if xids.watching and reading.up and not stale:
