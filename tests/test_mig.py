@@ -280,3 +280,20 @@ def test_rendered_instances_are_series_of_their_own_and_gpu_counts_stay_gpus(
     assert [(s.labels["gpu"], s.labels["xid"], s.value) for s in xid_total] == [("0", "31", 1)]
     assert families[cat.GPUS_SEEN.name].samples[0].value == 8
     assert families[cat.GPUS_EXPECTED.name].samples[0].value == 8
+
+
+def test_a_gpu_lost_while_its_instances_are_found_costs_only_its_instances(
+    mig_nvml: FakeNvml,
+) -> None:
+    reader, _ = read_once(mig_nvml)
+    lost = {"nvml_error": "NVML_ERROR_GPU_IS_LOST"}
+    mig_nvml.set_value(0, "nvmlDeviceGetMaxMigDeviceCount", lost)
+    mig_nvml.set_value(1, "nvmlDeviceGetMemoryInfo_v2", lost, mig=3)  # GPU instance 5
+    snapshot = reader.read()  # the cycle completes
+    assert not instances(snapshot, 0)
+    assert [(r.identity.mig_instance_id, r.up) for r in instances(snapshot, 1)] == [
+        (2, True),
+        (3, True),
+        (5, False),
+    ]
+    assert len(instances(snapshot, 2)) == 1

@@ -319,7 +319,10 @@ class NvmlReader:
             reading = self._read_gpu(state)
             gathered.append(reading)
             if reading.up:
-                self._sync_instances(state)
+                try:
+                    self._sync_instances(state)
+                except _GpuDown:
+                    self._drop_instances(state)  # lost since its own reading: next cycle says so
                 gathered.extend(self._read_instance(state, mig) for mig in state.instances)
             else:
                 self._drop_instances(state)
