@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet.exposition import render
 from gpufleet.gpu import catalogue as cat
+from gpufleet.gpu.attribution import Attribution, PodAllocation, PodRef, gpu_key
 from gpufleet.gpu.fake import FakeNvml, bundled_fixture
 from gpufleet.gpu.reader import NvmlReader, mig_memory_gb
 from gpufleet.gpu.render import gpu_families
@@ -120,7 +121,7 @@ def test_an_instance_has_its_parent_s_labels_then_dcgm_exporter_s_mig_labels(
         ("Hostname", "node-a"),
     )
     assert first.identity.mig_uuid == recorded["mig_devices"][0]["nvmlDeviceGetUUID"]
-    assert first.identity.mig_uuid.startswith("MIG-")
+    assert (first.identity.mig_uuid or "").startswith("MIG-")
     assert first.identity.mig_compute_instance_id == 0
     # a whole GPU's labels are unchanged
     assert [key for key, _ in parent(snapshot, 0).identity.label_pairs()] == list(cat.GPU_LABELS)
@@ -297,3 +298,59 @@ def test_a_gpu_lost_while_its_instances_are_found_costs_only_its_instances(
         (5, False),
     ]
     assert len(instances(snapshot, 2)) == 1
+
+
+def test_a_rank_on_a_mig_instance_is_attributed_to_the_instance_not_the_gpu(
+    mig_nvml: FakeNvml, mig_fixture: dict[str, Any]
+) -> None:
+    """A training pod on a MIG slice: the kubelet names its device by the MIG device UUID
+    NVML gives (time-sliced: ``MIG-…::2``), a Slurm job by ``<gpu>.<GPU instance id>``.
+    The pod, its training job and the Slurm job go on that instance's series only; the
+    parent GPU and the other instances carry none of them."""
+    _, snapshot = read_once(mig_nvml)
+    gi7 = mig_fixture["devices"][0]["mig_devices"][0]["nvmlDeviceGetUUID"]
+    gi8 = mig_fixture["devices"][0]["mig_devices"][1]["nvmlDeviceGetUUID"]
+    pods = PodAllocation(
+        {
+            gpu_key(gi7): PodRef("ml", "train-0", "trainer"),
+            gpu_key(f"{gi8}::2"): PodRef("ml", "notebook-1", "jupyter"),
+        }
+    )
+    attribution = Attribution(
+        pods=pods, jobs={"1.3": ("4714",)}, training_jobs={("ml", "train-0"): "llm-7b"}
+    )
+    text = render(gpu_families(snapshot, attribution=attribution)).decode()
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+
+    def holders(name: str) -> dict[tuple[str, str | None], str]:
+        return {
+            (s.labels["gpu"], s.labels.get("GPU_I_ID")): s.labels.get("pod", "")
+            for s in families[name].samples
+        }
+
+    used = holders(cat.FB_USED.name)
+    assert used[("0", "7")] == "train-0" and used[("0", "8")] == "notebook-1"
+    assert used[("0", None)] == ""  # the parent's own series: no pod
+    assert {key for key, pod in used.items() if pod} == {("0", "7"), ("0", "8")}
+    assert not any(holders(cat.GPU_TEMP.name).values())  # hardware state: the GPU's
+    allocation = [s.labels for s in families[cat.ALLOCATION_INFO.name].samples]
+    train = next(labels for labels in allocation if labels["pod"] == "train-0")
+    assert train == {
+        "Hostname": "node-a",
+        "gpu": "0",
+        "UUID": mig_fixture["devices"][0]["nvmlDeviceGetUUID"],
+        "GPU_I_PROFILE": "1g.10gb",
+        "GPU_I_ID": "7",
+        "namespace": "ml",
+        "pod": "train-0",
+        "container": "trainer",
+        "training_job": "llm-7b",
+    }
+    hpc = {
+        (s.labels["gpu"], s.labels.get("GPU_I_ID")): s.labels["hpc_job"]
+        for s in families[cat.FB_USED.name].samples
+        if "hpc_job" in s.labels
+    }
+    assert hpc == {("1", "3"): "4714"}
+    jobs = [s.labels for s in families[cat.JOB_INFO.name].samples]
+    assert [(j["gpu"], j["GPU_I_ID"], j["hpc_job"]) for j in jobs] == [("1", "3", "4714")]
