@@ -59,6 +59,12 @@ def test_every_flag_has_an_environment_variable(monkeypatch: pytest.MonkeyPatch)
         GPUFLEET_LEDGER_QUEUE_SIZE="64",
         GPUFLEET_HPC_JOB_MAPPING_DIR="/run/gpufleet/hpc-jobs",
         GPUFLEET_HPC_JOB_MAPPING_INTERVAL="2",
+        GPUFLEET_KUBERNETES="true",
+        GPUFLEET_POD_RESOURCES_KUBELET_SOCKET="/var/lib/kubelet/pod-resources/kubelet.sock",
+        GPUFLEET_KUBERNETES_GPU_ID_TYPE="device-name",
+        GPUFLEET_NVIDIA_RESOURCE_NAMES="nvidia.com/a100",
+        GPUFLEET_POD_RESOURCES_INTERVAL="15",
+        GPUFLEET_POD_RESOURCES_TIMEOUT="3",
     )
     assert values == {
         "listen": ("127.0.0.1", 9999),
@@ -86,6 +92,12 @@ def test_every_flag_has_an_environment_variable(monkeypatch: pytest.MonkeyPatch)
         "max_connections_per_client": 10,
         "hpc_job_mapping_dir": "/run/gpufleet/hpc-jobs",
         "hpc_job_mapping_interval": 2.0,
+        "kubernetes": True,
+        "pod_resources_kubelet_socket": "/var/lib/kubelet/pod-resources/kubelet.sock",
+        "kubernetes_gpu_id_type": "device-name",
+        "nvidia_resource_names": ("nvidia.com/a100",),
+        "pod_resources_interval": 15.0,
+        "pod_resources_timeout": 3.0,
     }
     assert {option.env for option in AGENT_OPTIONS} == {
         "GPUFLEET_LISTEN",
@@ -113,6 +125,12 @@ def test_every_flag_has_an_environment_variable(monkeypatch: pytest.MonkeyPatch)
         "GPUFLEET_LEDGER_QUEUE_SIZE",
         "GPUFLEET_HPC_JOB_MAPPING_DIR",
         "GPUFLEET_HPC_JOB_MAPPING_INTERVAL",
+        "GPUFLEET_KUBERNETES",
+        "GPUFLEET_POD_RESOURCES_KUBELET_SOCKET",
+        "GPUFLEET_KUBERNETES_GPU_ID_TYPE",
+        "GPUFLEET_NVIDIA_RESOURCE_NAMES",
+        "GPUFLEET_POD_RESOURCES_INTERVAL",
+        "GPUFLEET_POD_RESOURCES_TIMEOUT",
     }
 
 

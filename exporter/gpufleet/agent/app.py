@@ -18,10 +18,11 @@ from gpufleet.agent.connections import ConnectionGuard, ConnectionLimits, protoc
 from gpufleet.agent.hpc_jobs import HpcJobMapping
 from gpufleet.agent.ledger_forward import AttemptRelay, ForwardSettings, LedgerForwarder
 from gpufleet.agent.metrics_endpoint import MetricsEndpoint, Receive, Scope, Send
+from gpufleet.agent.pod_resources import DEFAULT_SOCKET, PodResourcesRefresher
 from gpufleet.agent.selfmetrics import AgentSelfCollector, ScrapeStats
 from gpufleet.agent.training_aggregate import IngestLimits, TrainingAggregator
 from gpufleet.agent.training_ingest import IngestApi
-from gpufleet.gpu.attribution import Attribution
+from gpufleet.gpu.attribution import Attribution, GpuIdType
 from gpufleet.gpu.reader import CallErrors, NvmlApi, NvmlReader
 from gpufleet.gpu.render import GpuExpositionCache
 from gpufleet.gpu.sampler import GpuSampler
@@ -54,6 +55,13 @@ class AgentSettings:
     # dcgm-exporter's Slurm job mapping directory (None: no hpc_job labels).
     hpc_job_mapping_dir: str | None = None
     hpc_job_mapping_interval: float = 5.0
+    # Pod attribution from the kubelet's pod-resources API (dcgm-exporter's --kubernetes).
+    kubernetes: bool = False
+    pod_resources_kubelet_socket: str = DEFAULT_SOCKET
+    kubernetes_gpu_id_type: GpuIdType = "uid"
+    nvidia_resource_names: tuple[str, ...] = ()
+    pod_resources_interval: float = 10.0
+    pod_resources_timeout: float = 5.0
 
 
 class Agent:
@@ -85,11 +93,26 @@ class Agent:
             if settings.hpc_job_mapping_dir
             else None
         )
+        self.pod_resources = (
+            PodResourcesRefresher(
+                settings.pod_resources_kubelet_socket,
+                gpu_id_type=settings.kubernetes_gpu_id_type,
+                resource_names=settings.nvidia_resource_names,
+                interval=settings.pod_resources_interval,
+                timeout=settings.pod_resources_timeout,
+            )
+            if settings.kubernetes
+            else None
+        )
 
     def attribution(self) -> Attribution:
-        """Who holds the GPUs now: the Slurm jobs mapped to them."""
+        """Who holds the GPUs now: the pods the kubelet allocated them to, the Slurm jobs
+        mapped to them, each as last read by its thread."""
         jobs_version, jobs = self.hpc_jobs.current() if self.hpc_jobs is not None else (0, {})
-        return Attribution(jobs=jobs, version=(jobs_version,))
+        pods_version, pods = (
+            self.pod_resources.current() if self.pod_resources is not None else (0, None)
+        )
+        return Attribution(pods=pods, jobs=jobs, version=(pods_version, jobs_version))
 
     def _nvml(self) -> NvmlApi:
         if self._nvml_override is not None:
@@ -130,6 +153,7 @@ class Agent:
                 self.scrapes,
                 connections=self.connections,
                 attempts=self.attempts.counts,
+                pod_resources=self.pod_resources,
             )
         )
 
@@ -145,6 +169,8 @@ class Agent:
             self.attempts.forwarder.start()
         if self.hpc_jobs is not None:
             self.hpc_jobs.start()
+        if self.pod_resources is not None:
+            self.pod_resources.start()
         log.info(
             "gpufleet agent %s on node %s, GPU source %s",
             __version__,
@@ -158,6 +184,8 @@ class Agent:
         self._started = False
         if self.hpc_jobs is not None:
             self.hpc_jobs.stop()
+        if self.pod_resources is not None:
+            self.pod_resources.stop()
         if self.attempts.forwarder is not None:
             self.attempts.forwarder.stop()
         if self._watcher is not None:

@@ -12,6 +12,7 @@ from prometheus_client.registry import Collector
 from gpufleet import __version__
 from gpufleet.agent.connections import ConnectionGuard
 from gpufleet.agent.ledger_forward import AttemptCounts
+from gpufleet.agent.pod_resources import PodResourcesRefresher
 from gpufleet.gpu.reader import CallErrors
 from gpufleet.gpu.sampler import GpuSampler
 from gpufleet.schema import agent as schema
@@ -43,6 +44,7 @@ class AgentSelfCollector(Collector):
         connections: ConnectionGuard | None = None,
         started_at: float | None = None,
         attempts: AttemptCounts | None = None,
+        pod_resources: PodResourcesRefresher | None = None,
     ) -> None:
         self._node = node
         # Made in Agent.open() with the XID ledger, so its counters count from about now.
@@ -53,6 +55,7 @@ class AgentSelfCollector(Collector):
         self._scrapes = scrapes
         self._connections = connections
         self._attempts = attempts
+        self._pod_resources = pod_resources
 
     def collect(self) -> Iterator[Metric]:
         info = schema.AGENT_INFO.gauge()
@@ -111,3 +114,17 @@ class AgentSelfCollector(Collector):
             queue = schema.ATTEMPT_QUEUE.gauge()
             queue.add_metric([], self._attempts.queued)
             yield queue
+
+        if self._pod_resources is not None:
+            yield from _pod_resources_families(self._pod_resources)
+
+
+def _pod_resources_families(refresher: PodResourcesRefresher) -> Iterator[Metric]:
+    refreshes = schema.POD_RESOURCES_REFRESHES.counter()
+    for outcome, count in refresher.outcomes().items():
+        refreshes.add_metric([outcome], count)
+    yield refreshes
+    if refresher.last_success is not None:
+        success = schema.POD_RESOURCES_LAST_SUCCESS.gauge()
+        success.add_metric([], refresher.last_success)
+        yield success

@@ -13,6 +13,21 @@ from gpufleet.cli.options import Command, ConfigError, Option, env, log_level_op
 if TYPE_CHECKING:
     from gpufleet.agent.ledger_forward import ForwardSettings
 
+# The CLI imports only the standard library: these restate agent/pod_resources.py's and
+# gpu/attribution.py's (a test checks they agree).
+DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+GPU_ID_TYPES = ("uid", "device-name")
+
+
+def resource_names(value: str) -> tuple[str, ...]:
+    """A comma-separated list of extended resource names (``vendor/name``)."""
+    names = tuple(name.strip() for name in value.split(",") if name.strip())
+    for name in names:
+        if "/" not in name:
+            raise ValueError(f"{name!r} is not an extended resource name like nvidia.com/a100")
+    return names
+
+
 # fmt: off
 AGENT_OPTIONS = variables("GPUFLEET_", (
     Option("--listen", kinds.listen, "0.0.0.0:9405", "HOST:PORT to serve on"),
@@ -53,6 +68,21 @@ AGENT_OPTIONS = variables("GPUFLEET_", (
            "a Slurm prolog/epilog): the GPU's series carry hpc_job (default: none)"),
     Option("--hpc-job-mapping-interval", kinds.positive_seconds, "5",
            "seconds between reads of the hpc-job-mapping directory"),
+    Option("--kubernetes", kinds.boolean, "false",
+           "name the pod holding each GPU: namespace, pod and container on its series, from "
+           "the kubelet's pod-resources API, as dcgm-exporter's --kubernetes", switch=True),
+    Option("--pod-resources-kubelet-socket", kinds.text, DEFAULT_SOCKET,
+           "the kubelet's pod-resources socket (read with --kubernetes)"),
+    Option("--kubernetes-gpu-id-type", kinds.choice(*GPU_ID_TYPES), "uid",
+           "how the device plugin names GPUs: uid (GPU UUIDs, the NVIDIA device plugin's "
+           "default) or device-name (nvidia0, ...); MIG devices are matched by MIG UUID"),
+    Option("--nvidia-resource-names", resource_names, "",
+           "comma-separated extended resource names that are GPUs besides nvidia.com/gpu "
+           "and nvidia.com/mig-* (e.g. nvidia.com/a100)"),
+    Option("--pod-resources-interval", kinds.positive_seconds, "10",
+           "seconds between pod-resources List calls (in a thread, never on a scrape)"),
+    Option("--pod-resources-timeout", kinds.positive_seconds, "5",
+           "seconds a pod-resources List call may take"),
     Option("--job-ttl", kinds.ttl_seconds, "900",
            "seconds after which a training job that stopped reporting is forgotten"),
     Option("--max-jobs", kinds.positive_int, "16", "training jobs tracked at once"),
@@ -126,6 +156,13 @@ def run_agent(values: argparse.Namespace) -> int:
     from gpufleet.agent.training_aggregate import IngestLimits
 
     resolve.configure_logging(values.log_level)
+    if values.kubernetes:
+        try:
+            import grpc  # noqa: F401
+        except ImportError:
+            raise ConfigError(
+                "--kubernetes (GPUFLEET_KUBERNETES) needs grpcio: pip install 'gpufleet[agent]'"
+            ) from None
     host, port = values.listen
     agent = resolve.settings(
         AgentSettings,

@@ -35,7 +35,7 @@ INGEST_JOBS_EXPIRED = MetricDef(
     "counter",
     "Training jobs forgotten because they stopped reporting for the TTL.",
 )
-INGEST_KINDS = ("steps", "checkpoints", "finished")
+INGEST_KINDS = ("steps", "checkpoints", "finished", "layout")
 
 # -- self-metrics -------------------------------------------------------------------
 
@@ -121,6 +121,18 @@ ATTEMPT_QUEUE = MetricDef(
     "gauge",
     "Job attempt events waiting to be written to the fleet ledger.",
 )
+POD_RESOURCES_REFRESHES = MetricDef(
+    "gpufleet_agent_pod_resources_refreshes_total",
+    "counter",
+    "Calls to the kubelet's pod-resources List (pod attribution), by outcome: ok, error "
+    "(socket missing, refused, a bad answer) or timeout.",
+    ("outcome",),
+)
+POD_RESOURCES_LAST_SUCCESS = MetricDef(
+    "gpufleet_agent_pod_resources_last_success_timestamp_seconds",
+    "gauge",
+    "Unix time of the last successful pod-resources List (absent until the first).",
+)
 
 INGEST_FAMILIES = (
     INGEST_ACCEPTED,
@@ -145,4 +157,6 @@ SELF_FAMILIES = (
     ATTEMPT_EVENTS,
     ATTEMPT_REFUSALS,
     ATTEMPT_QUEUE,
+    POD_RESOURCES_REFRESHES,
+    POD_RESOURCES_LAST_SUCCESS,
 )
