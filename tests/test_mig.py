@@ -7,11 +7,14 @@ are not GPUs."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpufleet.agent.app import Agent, AgentSettings
+from gpufleet.devstack import PrometheusServer, http_get, static_scrape_config, wait_until
 from gpufleet.exposition import render
 from gpufleet.gpu import catalogue as cat
 from gpufleet.gpu.attribution import Attribution, PodAllocation, PodRef, gpu_key
@@ -354,3 +357,40 @@ def test_a_rank_on_a_mig_instance_is_attributed_to_the_instance_not_the_gpu(
     assert hpc == {("1", "3"): "4714"}
     jobs = [s.labels for s in families[cat.JOB_INFO.name].samples]
     assert [(j["gpu"], j["GPU_I_ID"], j["hpc_job"]) for j in jobs] == [("1", "3", "4714")]
+
+
+@pytest.mark.integration
+def test_the_agent_serves_a_mig_node_from_its_first_scrape(
+    mig_nvml: FakeNvml,
+    serve_asgi: Callable[..., Any],
+    prometheus_factory: Callable[..., PrometheusServer],
+) -> None:
+    """The whole path (sampler, XID watcher, exposition cache, HTTP) and a real Prometheus:
+    instance series with their profiling values from the first scrape after ready."""
+    agent = Agent(AgentSettings(node="mig-node", gpu_interval=60.0), nvml=mig_nvml)
+    agent.open()
+    try:
+        check_served_mig_node(agent, serve_asgi, prometheus_factory)
+    finally:
+        agent.stop()
+
+
+def check_served_mig_node(
+    agent: Agent,
+    serve_asgi: Callable[..., Any],
+    prometheus_factory: Callable[..., PrometheusServer],
+) -> None:
+    server = serve_asgi(agent.asgi())
+    wait_until(lambda: http_get(f"{server.url}/readyz"), 30, what="agent ready")
+    text = http_get(f"{server.url}/metrics").decode()
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+    sm = [s for s in families[cat.SM_ACTIVE.name].samples if "GPU_I_ID" in s.labels]
+    assert len(sm) == 11
+    assert len(families[cat.GPU_UP.name].samples) == 8
+    prometheus = prometheus_factory(
+        scrape_configs=[static_scrape_config("gpufleet-agent", [f"127.0.0.1:{server.port}"])]
+    )
+    prometheus.wait_for_targets_up(1)
+    series = prometheus.wait_for_series('DCGM_FI_DEV_FB_USED{GPU_I_PROFILE="1g.10gb"}', 7)
+    assert {s["metric"]["GPU_I_ID"] for s in series} == {str(gi) for gi in range(7, 14)}
+    assert prometheus.wait_for_series('gpufleet_gpus_seen{Hostname="mig-node"}', 1)
