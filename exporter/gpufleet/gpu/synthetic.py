@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gpufleet.gpu.fake import FakeNvml, bundled_fixture
+from gpufleet.gpu.fake import FakeHandle, FakeNvml, bundled_fixture
 
 _CHECKPOINT_PERIOD_S = 600.0
 _CHECKPOINT_LENGTH_S = 25.0
@@ -49,9 +49,11 @@ class SyntheticNvml(FakeNvml):
             return 0.04
         return 0.97 + 0.03 * math.sin(elapsed / 7.0 + self._phase[index])
 
-    def _lookup(self, index: int | None, call: str, key: str | None = None) -> Any:
-        value = super()._lookup(index, call, key)
-        if index is None:
+    def _lookup(
+        self, index: int | None, call: str, key: str | None = None, mig: FakeHandle | None = None
+    ) -> Any:
+        value = super()._lookup(index, call, key, mig)
+        if index is None or mig is not None:
             return value
         elapsed = self._clock() - self._start
         load = self._load(index)
