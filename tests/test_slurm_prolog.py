@@ -7,22 +7,35 @@ only, no PATH): several jobs on one GPU, prologs and epilogs at once, a missing 
 an epilog without its prolog, MIG names from a map. Then under a real slurmd with four
 GPUs as GRES (``slurm_cluster``), configured with ``Prolog=`` / ``Epilog=`` as the scripts'
 header says: the files name a job's GPUs while it runs and lose its line when it ends,
-is cancelled or is an array's task.
+is cancelled or is an array's task. Last, end to end: ``gpufleet agent`` (synthetic NVML)
+reads the directory slurmd's prolog writes, its GPU series carry ``hpc_job`` and
+``gpufleet_gpu_job_info`` names the job while it runs, and a real Prometheus answers the
+README's join on it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import stat
 import subprocess
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from gpufleet.devstack import wait_until
+from gpufleet.devstack import (
+    ManagedProcess,
+    PrometheusServer,
+    free_port,
+    http_get,
+    static_scrape_config,
+    wait_until,
+)
 from slurm_cluster import SlurmCluster, require_slurm
 
 REPO = Path(__file__).resolve().parents[1]
@@ -215,7 +228,7 @@ def gpu_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SlurmC
         hook.write_text(f"#!/bin/sh\nGPUFLEET_DEFAULTS={node.defaults} exec {script}\n")
         hook.chmod(0o755)
         hooks[name] = hook
-    cluster = SlurmCluster(work / "cluster", gpus=4, **hooks)
+    cluster = SlurmCluster(work / "cluster", gpus=4, prolog=hooks["prolog"], epilog=hooks["epilog"])
     try:
         cluster.start()
         yield cluster, node
@@ -294,3 +307,86 @@ def test_each_task_of_an_array_is_named_by_its_own_job_id(
     wait_for_mapping(node, expected, "each array task on its GPU")
     (tmp_path / "release").touch()
     wait_for_mapping(node, {}, "the array's tasks gone")
+
+
+# --- end to end: slurmd's prolog, the agent, Prometheus --------------------------------------
+
+# The README's query: each Slurm job's GPU utilisation, joined on gpufleet_gpu_job_info.
+README_JOIN = """avg by (hpc_job) (
+  gpufleet_gpu_job_info
+  * on (Hostname, gpu, GPU_I_ID) group_left max without (hpc_job) (DCGM_FI_DEV_GPU_UTIL)
+)"""
+
+
+def jobs_on_gpus(exposition: str) -> dict[str, set[str]]:
+    """GPU -> the hpc_job values on its series ("" for a series without one), and
+    ``info:<gpu>`` -> the jobs gpufleet_gpu_job_info names on it."""
+    found: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(exposition):
+        for sample in family.samples:
+            if "gpu" not in sample.labels:
+                continue
+            if sample.name == "gpufleet_gpu_job_info":
+                found.setdefault(f"info:{sample.labels['gpu']}", set()).add(
+                    sample.labels["hpc_job"]
+                )
+            elif sample.name.startswith("DCGM_FI_"):
+                found.setdefault(sample.labels["gpu"], set()).add(sample.labels.get("hpc_job", ""))
+    return found
+
+
+def test_the_agent_labels_the_gpus_the_prolog_maps_and_prometheus_joins_them(
+    gpu_slurm: tuple[SlurmCluster, Node],
+    tmp_path: Path,
+    prometheus_factory: Callable[..., PrometheusServer],
+) -> None:
+    cluster, node = gpu_slurm
+    port = free_port()
+    env = {key: value for key, value in os.environ.items() if not key.startswith("GPUFLEET_")}
+    env.update(
+        GPUFLEET_LISTEN=f"127.0.0.1:{port}",
+        GPUFLEET_GPU_SOURCE="synthetic",
+        GPUFLEET_GPU_INTERVAL="1",
+        GPUFLEET_NODE=cluster.host,
+        GPUFLEET_HPC_JOB_MAPPING_DIR=str(node.mapping_dir),  # as /etc/default/gpufleet sets it
+        GPUFLEET_HPC_JOB_MAPPING_INTERVAL="0.2",
+    )
+    agent = ManagedProcess([sys.executable, "-m", "gpufleet", "agent"], tmp_path / "agent.log", env)
+    agent.start()
+    try:
+
+        def exposition() -> str:
+            return http_get(f"http://127.0.0.1:{port}/metrics").decode()
+
+        wait_until(lambda: "DCGM_FI_DEV_GPU_UTIL" in exposition(), 60, what="the agent's GPUs")
+        gpus = sorted(key for key in jobs_on_gpus(exposition()) if ":" not in key)
+        assert set(jobs_on_gpus(exposition())) == set(gpus), "no job, no hpc_job"
+
+        job = held_job(cluster, tmp_path / "release", "--gres=gpu:2")
+        wait_until(lambda: cluster.job(job)["job_state"] == "RUNNING", 60, what="the job running")
+        held = gres_indices(cluster, job)
+        expected = {gpu: {job} if gpu in held else {""} for gpu in gpus}
+        expected |= {f"info:{gpu}": {job} for gpu in held}
+        try:
+            wait_until(lambda: jobs_on_gpus(exposition()) == expected, 60, interval=0.2,
+                       what="hpc_job on the job's GPUs")  # fmt: skip
+        except TimeoutError as error:
+            raise AssertionError(f"{error}: {jobs_on_gpus(exposition())}") from None
+
+        prometheus = prometheus_factory(
+            scrape_configs=[static_scrape_config("gpufleet-agent", [f"127.0.0.1:{port}"])]
+        )
+        prometheus.wait_for_targets_up(1)
+        joined = wait_until(lambda: prometheus.query(README_JOIN), 60, what="the README's join")
+        assert [series["metric"] for series in joined] == [{"hpc_job": job}]
+        assert 0 <= float(joined[0]["value"][1]) <= 100
+
+        (tmp_path / "release").touch()
+        no_jobs = {gpu: {""} for gpu in gpus}
+        try:
+            wait_until(lambda: jobs_on_gpus(exposition()) == no_jobs, 60, interval=0.2,
+                       what="hpc_job gone with the job")  # fmt: skip
+        except TimeoutError as error:
+            raise AssertionError(f"{error}: {jobs_on_gpus(exposition())}") from None
+    finally:
+        agent.stop()
