@@ -40,7 +40,7 @@ def test_promtool_checks_every_rule_file(prometheus_major: str) -> None:
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
-    assert len(RULE_FILES) == 6
+    assert len(RULE_FILES) == 7
 
 
 def vmalert_dry_run(files: list[Path]) -> subprocess.CompletedProcess[str]:
@@ -145,9 +145,14 @@ def shard_placement_problems(rule_list: list[dict[str, Any]]) -> list[str]:
         if re.search(r"\babsent\s*\(", expr):
             problems.append(f"{name}: absent() looks across every node")
         for operator, clause, labels in AGGREGATION.findall(expr):
-            kept = {label.strip() for label in labels.split(",")}
-            # a GPU's UUID is unique and belongs to one node
-            if clause != "by" or not kept & {"node", "instance", "UUID"}:
+            named = {label.strip() for label in labels.split(",")}
+            # a GPU's UUID is unique and belongs to one node; `without` keeps every
+            # label it does not name (ALERTS of a per-GPU alert: its UUID)
+            within = {"node", "instance", "UUID"}
+            per_node = (
+                named & within if clause == "by" else clause == "without" and not named & within
+            )
+            if not per_node:
                 problems.append(f"{name}: {operator} {clause} ({labels}) may combine nodes")
     return problems
 

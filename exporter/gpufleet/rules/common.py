@@ -127,15 +127,21 @@ def risen(series: str, window: str) -> str:
     return f"floor(increase({series}[{window}]))"
 
 
-def new_in(series: str, window: str, restarted: str | None = None) -> str:
+def new_in(
+    series: str, window: str, restarted: str | None = None, identity: str | None = None
+) -> str:
     """Events of a counter within ``window``: all of a series that appeared in it (its
     first event: no sample in the window before), else its rise, resets included (an
     agent restarted in the window). A series back after a gap in its scrapes shorter than
     the window is not new. ``restarted`` selects the targets whose counters started within
     the window (their agent restarted): all of such a counter is new, also where it came
-    back at the value it had before with no lower sample between (no reset increase() sees)."""
+    back at the value it had before with no lower sample between (no reset increase() sees).
+    ``identity`` (labels, e.g. ``UUID, xid``) says what a series is new for: a series whose
+    other labels changed (a GPU handed to another pod) is not new where one of the same
+    identity was there before."""
+    on = f"on ({identity}) " if identity else ""
     new = (
-        f"({series} > 0 unless max_over_time({series}[{window}] offset {window}))\n"
+        f"({series} > 0 unless {on}max_over_time({series}[{window}] offset {window}))\n"
         f"  or ({risen(series, window)} > 0)"
     )
     if restarted is None:

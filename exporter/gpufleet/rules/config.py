@@ -90,6 +90,9 @@ class RulesConfig:
     hw_slowdown_for: str = "2m"
     gpu_lost_for: str = "1m"
     gpu_missing_for: str = "2m"
+    # A GPU page names the pod (or Slurm job) on the GPU, or the one that left it within
+    # this window: the pod an XID killed is gone from the kubelet before the page is made.
+    attribution_memory: str = "5m"
     exporter_down_for: str = "2m"
 
     # -- node health ---------------------------------------------------------------------------

@@ -3,7 +3,7 @@ ECC, row remaps, NVLink, PCIe, hardware slowdowns, lost and missing GPUs."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpufleet.gpu.xid_catalogue import (
     CATALOGUE_DATE,
@@ -12,6 +12,7 @@ from gpufleet.gpu.xid_catalogue import (
     UNCLASSIFIED_ACTION,
     XidClass,
 )
+from gpufleet.rules.attribution import ATTRIBUTION_WHO, attributed, attribution_records
 from gpufleet.rules.common import (
     GPU,
     GPU_WHO,
@@ -190,6 +191,8 @@ def gpu_recording(config: RulesConfig) -> Group:
     dcgm_count, dcgm_max = series.dcgm_gpus, series.dcgm_gpus_max
     recovery = " or ".join(metric(name, sel) for name in RECOVERY_ACTION_METRICS)
     rules: list[Record | Alert] = [
+        # first: the alerts and the records below read the attribution
+        *attribution_records(config),
         Record(dcgm_reasons, f"({bitmasks}) > 0 unless on (UUID) {agent_gpus}"),
         # A new XID is a last value that changed within the window, per GPU (UUID), never
         # per label set: pod / namespace / container labels change with every workload.
@@ -206,7 +209,7 @@ def gpu_recording(config: RulesConfig) -> Group:
         # (one rule for every code); its opt-in per-code count.
         Record(
             series.xid_new,
-            f"max by ({GPU}, xid) (\n  {with_node(new_in(counter, window, restarted), node_labels)}\n)\nor\n"
+            f"max by ({GPU}, xid) (\n  {with_node(new_in(counter, window, restarted, 'UUID, xid'), node_labels)}\n)\nor\n"
             f'count_values by ({GPU}) ("xid", {changed})\nor\n'
             f"max by ({GPU}, xid) (\n  {with_node(f'({xid_counts} > 0 unless on (UUID) {agent_gpus})', node_labels)}\n)",
         ),
@@ -435,4 +438,16 @@ def gpu_alerts(config: RulesConfig) -> Group:
             config.gpu_missing_for,
         ),
     ]
-    return Group("gpufleet-gpu-alerts", rules)
+    return Group("gpufleet-gpu-alerts", [_with_attribution(config, rule) for rule in rules])
+
+
+def _with_attribution(config: RulesConfig, rule: Record | Alert) -> Record | Alert:
+    """A per-GPU alert (one that names a GPU) with the pod, Slurm job and tenant on the
+    GPU as labels and in its description; per-node alerts stay as they are."""
+    if not isinstance(rule, Alert) or not rule.description.startswith(GPU_WHO):
+        return rule
+    return replace(
+        rule,
+        expr=attributed(config, rule.alert, rule.expr),
+        description=GPU_WHO + ATTRIBUTION_WHO + rule.description.removeprefix(GPU_WHO),
+    )

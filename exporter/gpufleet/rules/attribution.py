@@ -1,0 +1,128 @@
+"""Which pod, Slurm job and tenant a GPU page names: one attribution per GPU, recorded
+from gpufleet's join series (``gpufleet_gpu_allocation_info``, ``gpufleet_gpu_job_info``)
+or, on GPUs without them (dcgm-exporter), from the ``namespace`` / ``pod`` /
+``container`` / ``hpc_job`` labels on the GPU's own series; and the wrapper that puts it
+on an alert and keeps it there while the alert lasts.
+
+Why a join and not the labels kept through each rule's aggregations: the alerts compare
+a GPU with itself by UUID (a re-allocation starts new series; a time-sliced GPU has one
+per pod), so their arithmetic stays per GPU and the labels come last, from a record
+that holds one attribution per GPU; alerts/RUNBOOK.md ("Attribution") says what it
+names when several pods share a GPU, and why an alert keeps the pod it started with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpufleet.gpu import catalogue as cat
+from gpufleet.rules.common import Record, SeriesNames, metric, with_node
+from gpufleet.rules.config import RulesConfig
+
+# The labels an attribution adds to a GPU page: dcgm-exporter's names for the pod, its
+# --hpc-job-mapping-dir's for the Slurm job, and the training job the agent's
+# allocation series knows.
+POD_LABELS = ("namespace", "pod", "container")
+ATTRIBUTION_LABELS = (*POD_LABELS, "hpc_job", "training_job")
+ATTRIBUTION = ", ".join(ATTRIBUTION_LABELS)
+GPU_KEY = "node, gpu, UUID"
+
+# What a page's description says about the attribution, when there is one.
+ATTRIBUTION_WHO = (
+    "{{ with $labels.pod }} (pod {{ $labels.namespace }}/{{ . }}){{ else }}"
+    "{{ with $labels.namespace }} (namespace {{ . }}){{ end }}{{ end }}"
+    "{{ with $labels.hpc_job }} (Slurm job {{ . }}){{ end }}"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class AttributionSeries(SeriesNames):
+    """The attribution records, each named once here (rules and dashboards read them)."""
+
+    # one series per GPU and pod holding it now (several on a time-sliced or MIG GPU)
+    allocation: str = "gpu:gpufleet_gpu_allocation:current"
+    # one per GPU: its pod, or only the namespace that every pod on it shares
+    allocation_unique: str = "gpu:gpufleet_gpu_allocation:unique"
+    # one per GPU: the Slurm job on it, when only one is
+    job_unique: str = "gpu:gpufleet_gpu_job:unique"
+    # one per GPU: the pod part and the Slurm part together
+    attribution: str = "gpu:gpufleet_gpu_attribution:current"
+    # the same, or the last one within attribution_memory where none is now: a pod
+    # that an XID killed still gets its page
+    held: str = "gpu:gpufleet_gpu_attribution:held"
+
+
+def _unique(series: str, first: str) -> str:
+    """``series`` where a GPU has one; where it has several, the ``first`` label alone
+    (the namespace) where they all share it, else nothing."""
+    several = f"count by (UUID) ({series}) > 1"
+    return (
+        f"({series} unless on (UUID) ({several}))\n"
+        f"or (\n  max by ({GPU_KEY}, {first}) ({series})\n"
+        f"  and on (UUID) ({several})\n"
+        f"  unless on (UUID) (count by (UUID) (count by (UUID, {first}) ({series})) > 1)\n)"
+    )
+
+
+def attribution_records(config: RulesConfig) -> list[Record]:
+    sel = config.gpu_selector
+    node_labels = config.node_labels
+    series = AttributionSeries.of(config)
+    allocation_info = metric(cat.ALLOCATION_INFO.name, sel)
+    job_info = metric(cat.JOB_INFO.name, sel)
+    presence = config.gpu_presence_metric
+    # dcgm-exporter (and an agent without the join series) labels every GPU series
+    pods = metric(presence, sel, 'pod!=""')
+    jobs = metric(presence, sel, 'hpc_job!=""')
+    pod_labels = ", ".join(POD_LABELS)
+    unique_pods, unique_jobs = series.allocation_unique, series.job_unique
+    return [
+        Record(
+            series.allocation,
+            f"group by ({GPU_KEY}, {pod_labels}, training_job) (\n"
+            f"  {with_node(allocation_info, node_labels)}\n)\n"
+            f"or group by ({GPU_KEY}, {pod_labels}) (\n"
+            f"  {with_node(f'{pods} unless on (UUID) {allocation_info}', node_labels)}\n)",
+        ),
+        Record(unique_pods, _unique(series.allocation, "namespace")),
+        Record(
+            unique_jobs,
+            _unique(
+                f"(\n  group by ({GPU_KEY}, hpc_job) ({with_node(job_info, node_labels)})\n"
+                f"  or group by ({GPU_KEY}, hpc_job) (\n"
+                f"    {with_node(f'{jobs} unless on (UUID) {job_info}', node_labels)}\n  )\n)",
+                "hpc_job",
+            ),
+        ),
+        Record(
+            series.attribution,
+            f"({unique_pods} * on (UUID) group_left (hpc_job) {unique_jobs})\n"
+            f"or ({unique_pods} unless on (UUID) {unique_jobs})\n"
+            f"or ({unique_jobs} unless on (UUID) {unique_pods})",
+        ),
+        Record(
+            series.held,
+            f"{series.attribution}\nor (\n"
+            f"  last_over_time({series.attribution}[{config.attribution_memory}])\n"
+            f"  unless on (UUID) {series.attribution}\n"
+            f"  unless on (UUID) (\n"
+            f"    count by (UUID) (last_over_time({series.attribution}[{config.attribution_memory}])) > 1\n"
+            f"  )\n)",
+        ),
+    ]
+
+
+def attributed(config: RulesConfig, alert: str, expr: str) -> str:
+    """``expr`` (a per-GPU alert's condition, UUID on every series) with the GPU's
+    attribution as labels. An alert that fired in the last evaluation keeps the labels
+    it fired with (read back from ALERTS) while its condition holds: a GPU handed to
+    another pod mid-incident neither pages that pod's tenant nor resolves the first
+    page. Otherwise it takes the GPU's attribution now (or just before, ``held``)."""
+    held = AttributionSeries.of(config).held
+    firing = f'max without (alertname, alertstate, severity) (ALERTS{{alertname="{alert}"}})'
+    return (
+        f"(\n  ({expr})\n  * ignoring ({ATTRIBUTION}) group_left ({ATTRIBUTION})\n  {firing}\n)\n"
+        f"or (\n  (({expr})\n  unless ignoring ({ATTRIBUTION}) {firing})\n"
+        f"  * on (UUID) group_left ({ATTRIBUTION}) {held}\n)\n"
+        f"or (\n  ({expr})\n  unless ignoring ({ATTRIBUTION}) {firing}\n  unless on (UUID) {held}\n)"
+    )
