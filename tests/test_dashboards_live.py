@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,20 +25,21 @@ from gpufleet.dashboards.stack import (
     fed_prometheus,
     has_data,
 )
-from gpufleet.devstack import PrometheusServer, backfill
+from gpufleet.devstack import PrometheusServer, backfill, wait_until
 from gpufleet.rules.__main__ import write_all as write_rules
 from gpufleet.rules.config import RulesConfig
 from gpufleet.rules.inline import Inliner
 from gpufleet.simulate.config import load_scenario
 from gpufleet.simulate.history import write_history
 
-pytestmark = pytest.mark.integration
+# Cheap (a backfilled history, seconds): on both majors, each test's id says which.
+pytestmark = [pytest.mark.integration, pytest.mark.prometheus("2", "3")]
 
 DASHBOARDS = Path(__file__).resolve().parents[1] / "dashboards"
 
 
 @pytest.fixture(scope="module")
-def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FedPrometheus]:
+def fed(tmp_path_factory: pytest.TempPathFactory, prometheus_major: str) -> Iterator[FedPrometheus]:
     with fed_prometheus(tmp_path_factory.mktemp("dashboards")) as stack:
         yield stack
 
@@ -113,7 +115,9 @@ jobs:
 
 
 @pytest.fixture(scope="module")
-def coverage(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FedPrometheus]:
+def coverage(
+    tmp_path_factory: pytest.TempPathFactory, prometheus_major: str
+) -> Iterator[FedPrometheus]:
     workdir = tmp_path_factory.mktemp("coverage")
     (workdir / "scenario.yaml").write_text(COVERAGE_SCENARIO)
     end = float(int(time.time() // STEP_S * STEP_S))
@@ -130,7 +134,7 @@ def coverage(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FedPrometheus
     try:
         yield FedPrometheus(
             prometheus, "", history.start, history.end, "", Inliner.from_files(rules),
-            {"cluster": ".*"},
+            {"cluster": ".*", "namespace": ".*"},
         )  # fmt: skip
     finally:
         prometheus.stop()
@@ -170,3 +174,144 @@ def test_the_coverage_panels_name_the_uncovered_stages_first(coverage: FedPromet
         for target in counts
     }
     assert latest == {"stages covered": "8", "stages not covered": "6"}
+
+
+# Tenants: two jobs whose pods run in namespaces team-a (4 nodes) and team-b (2 nodes), a
+# job without pods (2 nodes) and a spare node: 24 GPUs unallocated. A GPU of each tenant
+# falls off the bus five minutes before the end (XID 79, a lost GPU).
+TENANTS_SCENARIO = """
+name: tenants
+rates: {fail_stop_per_1000_node_days: 0, fail_slow_compute_per_node_day: 0,
+        fail_slow_comm_per_node_day: 0}
+confounders: {cluster_slowdowns_per_day: 0, evals: false, checkpoints: false}
+spare_nodes: 1
+jobs:
+  - {job: llm-a, nodes: 4, layout: 2x2x8, namespace: team-a}
+  - {job: llm-b, nodes: 2, layout: 1x2x8, namespace: team-b}
+  - {job: batch, nodes: 2, layout: 1x2x8}
+episodes:
+  - {kind: fail_stop, cause: gpu_fell_off_bus, job: llm-a, node: 1, gpu: 2,
+     start: 25m, duration: 1h}
+  - {kind: fail_stop, cause: gpu_fell_off_bus, job: llm-b, node: 0, gpu: 5,
+     start: 25m, duration: 1h}
+"""
+
+
+@pytest.fixture(scope="module")
+def tenants(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FedPrometheus]:
+    """The tenants' cluster backfilled, with the rules evaluated live: the tenant records
+    exist at the present, so the queries below run as Grafana sends them (not inlined)."""
+    workdir = tmp_path_factory.mktemp("tenants")
+    (workdir / "scenario.yaml").write_text(TENANTS_SCENARIO)
+    end = float(int(time.time() // STEP_S * STEP_S))
+    history = write_history(
+        load_scenario(str(workdir / "scenario.yaml")), 1, 0.5 / 24, workdir / "history",
+        end=end, step=STEP_S, shards=1,
+    )  # fmt: skip
+    backfill(history.files, workdir / "tsdb")
+    rules = write_rules(
+        workdir / "rules", RulesConfig(gpu_recording_interval="2s", slow_recording_interval="2s")
+    )
+    prometheus = PrometheusServer(
+        workdir / "prometheus",
+        storage_path=workdir / "tsdb",
+        rule_files=[str(path) for path in rules],
+        evaluation_interval="2s",
+        extra_args=["--storage.tsdb.retention.time=30d"],
+    ).start()
+    try:
+        wait_until(
+            lambda: (
+                len(prometheus.query("gpu:gpufleet_gpu_tenant:info")) == 72
+                and len(prometheus.query('ALERTS{alertname="GpuFleetCriticalXid"}')) == 2
+            ),
+            120,
+            what="the tenant records and both tenants' XID pages",
+        )
+        yield FedPrometheus(
+            prometheus, "", history.start, history.end, "", Inliner.from_files(rules),
+            {"cluster": ".*", "namespace": ".*", "training_job": ".*"},
+        )  # fmt: skip
+    finally:
+        prometheus.stop()
+
+
+def tenant_query(fed: FedPrometheus, expr: str, namespace: str) -> list[dict[str, Any]]:
+    """An instant query at the present with the namespace variable set, as Grafana sends it."""
+    fed.variables["namespace"] = namespace
+    return fed.prometheus.query(fed.substitute(expr, time.time(), inline=False))
+
+
+def variable_values(fed: FedPrometheus, stem: str, name: str, namespace: str) -> set[str]:
+    """What Grafana's label_values(selector, label) lists for a dashboard's variable."""
+    variable = next(v for v in board(stem)["templating"]["list"] if v["name"] == name)
+    found = re.fullmatch(r"label_values\((.*), (\w+)\)", variable["query"]["query"], re.S)
+    assert found, variable["query"]
+    selector, label = found.groups()
+    rows = tenant_query(fed, f"group by ({label}) ({selector})", namespace)
+    return {row["metric"][label] for row in rows if label in row["metric"]}
+
+
+def test_a_namespace_shows_only_its_tenants_gpus_and_jobs(tenants: FedPrometheus) -> None:
+    allocations = tenants.prometheus.query("gpufleet_gpu_allocation_info")
+    team_a = {
+        row["metric"]["UUID"] for row in allocations if row["metric"]["namespace"] == "team-a"
+    }
+    nodes_a = {
+        row["metric"]["Hostname"] for row in allocations if row["metric"]["namespace"] == "team-a"
+    }
+    assert len(team_a) == 32 and len(nodes_a) == 4
+
+    # The variables: team-a's jobs and nodes only; under All every job and node.
+    assert variable_values(tenants, "overview", "training_job", "team-a") == {"llm-a"}
+    assert variable_values(tenants, "overview", "training_job", ".*") == {"llm-a", "llm-b", "batch"}
+    assert variable_values(tenants, "overview", "namespace", ".*") == {"team-a", "team-b"}
+    assert variable_values(tenants, "node", "node", "team-a") == nodes_a
+    assert len(variable_values(tenants, "node", "node", ".*")) == 9
+    node_a = sorted(nodes_a)[0]
+    tenants.variables["node"] = node_a
+    uuids = variable_values(tenants, "node", "uuid", "team-a")
+    assert len(uuids) == 8 and uuids <= team_a
+    assert variable_values(tenants, "node", "uuid", "team-b") == set()
+
+    # GPUs by tenant: team-a's row alone; under All each tenant's and the unallocated GPUs.
+    by_tenant = panel("overview", "GPUs by tenant")["targets"]
+
+    def rows(namespace: str) -> dict[str, list[float]]:
+        table: dict[str, list[float]] = {}
+        for target in by_tenant:
+            for row in tenant_query(tenants, target["expr"], namespace):
+                key = row["metric"].get("namespace", "")
+                table.setdefault(key, []).append(float(row["value"][1]))
+        return table
+
+    assert rows("team-a") == {"team-a": [32.0, 1.0, 0.0]}
+    assert rows(".*") == {
+        "team-a": [32.0, 1.0, 0.0],
+        "team-b": [16.0, 1.0, 0.0],
+        "": [24.0, 0.0, 0.0],
+    }
+
+    # Every per-GPU panel of the overview and of a team-a node's dashboard: team-a's GPUs.
+    xids = panel("overview", "XID events by code")["targets"][0]["expr"]
+    assert [row["value"][1] for row in tenant_query(tenants, xids, "team-a")] == ["1"]
+    assert [row["value"][1] for row in tenant_query(tenants, xids, ".*")] == ["2"]
+    answering = panel("overview", "GPUs expected vs seen")["targets"][2]["expr"]
+    assert tenant_query(tenants, answering, "team-a")[0]["value"][1] == "31"  # one lost
+    assert tenant_query(tenants, answering, ".*")[0]["value"][1] == "70"
+    tenants.variables.update({"node": node_a, "gpu": ".*", "uuid": "|".join(sorted(uuids))})
+    checked = 0
+    for item in board("node")["panels"]:
+        for target in item["targets"]:
+            if "$uuid" not in target["expr"]:
+                continue
+            for row in tenant_query(tenants, target["expr"], "team-a"):
+                checked += 1
+                assert row["metric"].get("node", node_a) == node_a, item["title"]
+                assert row["metric"].get("UUID", next(iter(uuids))) in uuids, item["title"]
+    assert checked >= 8
+
+    # Firing alerts by severity: team-a's XID page only (the other tenant's is not counted).
+    firing = panel("overview", "Firing alerts by severity")["targets"][0]["expr"]
+    pages = tenant_query(tenants, firing, "team-a")
+    assert {row["metric"]["severity"]: row["value"][1] for row in pages} == {"critical": "1"}

@@ -40,7 +40,8 @@ from gpufleet.simulate.faults import Kind
 from gpufleet.simulate.ledger_feed import LedgerFeed, ledger_events
 from gpufleet.simulate.serve import SimulatorServer
 
-pytestmark = pytest.mark.integration
+# The story on both majors (the one live suite that does; the others run on 3).
+pytestmark = [pytest.mark.integration, pytest.mark.prometheus("2", "3")]
 
 FACTOR = 5
 NODES = 64
