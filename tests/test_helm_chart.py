@@ -173,6 +173,9 @@ def test_every_container_is_least_privilege_unless_privileged_mode(
 ) -> None:
     name, docs = rendered
     privileged_mode = name == "privileged-values.yaml"
+    # The kubelet's pod-resources socket is root's alone: with pod attribution the agent
+    # container (only it) runs as uid 0, still without any capability.
+    root_agent = name == "pod-attribution-values.yaml"
     for workload in objects(docs, "DaemonSet") + objects(docs, "Deployment"):
         spec = pod_spec(workload)
         assert spec["automountServiceAccountToken"] is False
@@ -183,7 +186,11 @@ def test_every_container_is_least_privilege_unless_privileged_mode(
         for container in spec["containers"]:
             context = container["securityContext"]
             assert context["readOnlyRootFilesystem"] is True
-            assert context["runAsNonRoot"] is True
+            if root_agent and workload["kind"] == "DaemonSet":
+                assert (context["runAsNonRoot"], context["runAsUser"]) == (False, 0)
+            else:
+                assert context["runAsNonRoot"] is True
+                assert "runAsUser" not in context
             if privileged_mode and workload["kind"] == "DaemonSet":
                 assert context["privileged"] is True
                 continue
@@ -229,7 +236,9 @@ def test_agent_daemonset_targets_gpu_nodes_and_tolerates_the_gpu_taint() -> None
     assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
     assert env["GPUFLEET_LISTEN"] == "0.0.0.0:9405"
     assert "nvidia.com/gpu" not in str(container["resources"]), "the agent requests no GPU"
-    assert "runtimeClassName" not in spec and "priorityClassName" not in spec
+    assert "runtimeClassName" not in spec
+    # as dcgm-exporter's chart: the node's monitor is evicted last
+    assert spec["priorityClassName"] == "system-node-critical"
     # Measured figures the requests are sized from (values.yaml, chart README).
     assert container["resources"]["requests"]["memory"] == "96Mi"
     assert container["resources"]["limits"]["memory"] == "256Mi"
@@ -337,7 +346,9 @@ def test_service_monitors_set_the_job_names_the_rules_select() -> None:
     for monitor in objects(docs, "ServiceMonitor"):
         assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
         (endpoint,) = monitor["spec"]["endpoints"]
-        (job,) = [r["replacement"] for r in endpoint["relabelings"] if r["targetLabel"] == "job"]
+        (job,) = [
+            r["replacement"] for r in endpoint["relabelings"] if r.get("targetLabel") == "job"
+        ]
         jobs[monitor["metadata"]["labels"]["app.kubernetes.io/component"]] = job
     assert jobs == {"agent": "gpufleet-agent", "fleet": "gpufleet-fleet"}
     rules_text = "".join(path.read_text() for path in (REPO / "alerts").glob("*.rules.yaml"))
@@ -457,13 +468,88 @@ def test_kube_watch_chart_defaults_are_the_cli_defaults() -> None:
     assert values["cordon"] is True
 
 
-def test_pod_attribution_hook_mounts_the_pod_resources_socket_read_only() -> None:
+def test_pod_attribution_reads_the_pod_resources_socket_read_only() -> None:
     spec = pod_spec(one(render(*values_file("pod-attribution")), "DaemonSet", "agent"))
     (volume,) = [v for v in spec["volumes"] if v["name"] == "pod-resources"]
     assert volume["hostPath"] == {"path": "/var/lib/kubelet/pod-resources", "type": "Directory"}
-    mount = next(m for m in spec["containers"][0]["volumeMounts"] if m["name"] == "pod-resources")
-    assert mount["readOnly"] is True
+    (container,) = spec["containers"]
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "pod-resources")
+    assert mount == {
+        "name": "pod-resources",
+        "mountPath": "/var/lib/kubelet/pod-resources",
+        "readOnly": True,
+    }
+    env = env_of(container)
+    assert env["GPUFLEET_KUBERNETES"] == "true"
+    assert env["GPUFLEET_POD_RESOURCES_KUBELET_SOCKET"] == (
+        "/var/lib/kubelet/pod-resources/kubelet.sock"
+    )
+    assert env["GPUFLEET_KUBERNETES_GPU_ID_TYPE"] == "uid"
+    assert env["GPUFLEET_NVIDIA_RESOURCE_NAMES"] == "nvidia.com/a100"
+    # root for the socket, and nothing more: no capability, no API access
+    context = container["securityContext"]
+    assert (context["runAsUser"], context["runAsGroup"], context["runAsNonRoot"]) == (0, 0, False)
+    assert context["capabilities"] == {"drop": ["ALL"]}
+    assert context["allowPrivilegeEscalation"] is False
+    assert context["privileged"] is False
     assert spec["automountServiceAccountToken"] is False
+
+    default = pod_spec(one(render(), "DaemonSet", "agent"))
+    assert "pod-resources" not in str(default["volumes"])
+    assert not {"GPUFLEET_KUBERNETES", "GPUFLEET_HPC_JOB_MAPPING_DIR"} & set(
+        env_of(default["containers"][0])
+    )
+    device_names = pod_spec(
+        one(
+            render(
+                "--set", "agent.podAttribution.enabled=true",
+                "--set", "agent.podAttribution.gpuIdType=device-name",
+                "--set", "agent.podAttribution.runAsUser=4242",
+            ),
+            "DaemonSet",
+            "agent",
+        )
+    )["containers"][0]  # fmt: skip
+    assert env_of(device_names)["GPUFLEET_KUBERNETES_GPU_ID_TYPE"] == "device-name"
+    assert "GPUFLEET_NVIDIA_RESOURCE_NAMES" not in env_of(device_names)
+    context = device_names["securityContext"]
+    assert (context["runAsUser"], context["runAsNonRoot"]) == (4242, True)
+    assert "runAsGroup" not in context
+    assert "gpuIdType" in render_error("--set", "agent.podAttribution.gpuIdType=index")
+
+
+def test_hpc_job_mapping_dir_is_mounted_read_only() -> None:
+    spec = pod_spec(one(render(*values_file("pod-attribution")), "DaemonSet", "agent"))
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "hpc-jobs"]
+    assert volume["hostPath"] == {"path": "/run/gpufleet/hpc-jobs", "type": "DirectoryOrCreate"}
+    (container,) = spec["containers"]
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "hpc-jobs")
+    assert mount == {"name": "hpc-jobs", "mountPath": "/run/gpufleet/hpc-jobs", "readOnly": True}
+    assert env_of(container)["GPUFLEET_HPC_JOB_MAPPING_DIR"] == "/run/gpufleet/hpc-jobs"
+    assert "hpcJobMappingDir" in render_error("--set", "agent.hpcJobMappingDir=relative/dir")
+
+
+def test_the_agent_service_monitor_honors_the_agent_s_pod_labels() -> None:
+    docs = render(*values_file("monitoring"))
+    monitor = next(
+        doc
+        for doc in objects(docs, "ServiceMonitor")
+        if doc["metadata"]["labels"]["app.kubernetes.io/component"] == "agent"
+    )
+    (endpoint,) = monitor["spec"]["endpoints"]
+    # Without it Prometheus renames the exposed pod / namespace to exported_pod / ...
+    assert endpoint["honorLabels"] is True
+    # ...and the agent pod's own target labels go, so a GPU no pod holds carries none.
+    assert endpoint["relabelings"][0] == {
+        "action": "labeldrop",
+        "regex": "(namespace|pod|container)",
+    }
+    fleet = next(
+        doc
+        for doc in objects(docs, "ServiceMonitor")
+        if doc["metadata"]["labels"]["app.kubernetes.io/component"] == "fleet"
+    )
+    assert "honorLabels" not in fleet["spec"]["endpoints"][0]
 
 
 def test_chart_copies_match_their_sources(tmp_path: Path) -> None:
@@ -537,11 +623,8 @@ def test_every_gpufleet_variable_the_chart_sets_is_one_the_cli_reads() -> None:
         option.env for option in FLEET_OPTIONS
     }
     assert not unknown_fleet
-    # A hook for the Kubernetes issue's pod attribution; the agent does not read it yet.
-    hooks = {"GPUFLEET_POD_RESOURCES_SOCKET"}
-    unknown_agent = (
-        {n for n in agent_env if n.startswith("GPUFLEET_")}
-        - hooks
-        - {option.env for option in AGENT_OPTIONS}
-    )
+    assert {"GPUFLEET_KUBERNETES", "GPUFLEET_HPC_JOB_MAPPING_DIR"} <= agent_env
+    unknown_agent = {n for n in agent_env if n.startswith("GPUFLEET_")} - {
+        option.env for option in AGENT_OPTIONS
+    }
     assert not unknown_agent
