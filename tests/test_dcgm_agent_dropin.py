@@ -20,7 +20,16 @@ from gpufleet.agent.app import Agent, AgentSettings
 from gpufleet.devstack import PrometheusServer, http_get, static_scrape_config, wait_until
 from gpufleet.exposition import render
 from gpufleet.gpu import catalogue as cat
-from gpufleet.gpu.dcgm_shape import INSTANCE_FIELDS, DcgmGpu, DcgmInstance, DcgmNode, parse_counters
+from gpufleet.gpu.attribution import Attribution, PodAllocation, PodRef
+from gpufleet.gpu.dcgm_shape import (
+    INSTANCE_FIELDS,
+    XID_COUNT,
+    DcgmGpu,
+    DcgmInstance,
+    DcgmNode,
+    Pod,
+    parse_counters,
+)
 from gpufleet.gpu.dcgm_shape import render as render_dcgm
 from gpufleet.gpu.fake import FakeNvml, bundled_fixture
 from gpufleet.gpu.reader import NvmlReader
@@ -393,3 +402,49 @@ def test_on_a_mig_gpu_the_hardware_state_stays_on_the_gpu_not_each_instance() ->
     # both: no GPU utilisation for a GPU in MIG mode
     for text_layouts in (ours, theirs):
         assert not [s for s in text_layouts["DCGM_FI_DEV_GPU_UTIL"] if ("gpu", "0") in s]
+
+
+# -- pod and Slurm job attribution ------------------------------------------------------
+
+
+def test_a_pod_attributed_node_renders_in_dcgm_exporter_s_label_layout() -> None:
+    """With pods on some GPUs and Slurm jobs on others (two jobs sharing one), every
+    stock field's series are exactly dcgm-exporter's: the same series, label names in
+    its order (container, hpc_job, namespace, pod sorted in after the driver version,
+    err_code / err_msg among them on the last XID), the same values; a GPU nobody holds
+    keeps its plain labels."""
+    fixture = bundled_fixture()
+    dcgm = mig_node_as_dcgm_exporter_sees_it(fixture)
+    trainer = Pod("trainer-0", "team-a", "pytorch")
+    notebook = Pod("notebook", "team-b", "jupyter")
+    for index in (0, 1):
+        dcgm.gpu(index).pod = trainer
+    dcgm.gpu(2).pod = notebook
+    dcgm.gpu(4).hpc_jobs = ("4711",)
+    dcgm.gpu(5).hpc_jobs = ("4712", "4713")
+    uuid = {gpu.index: gpu.uuid for gpu in dcgm.gpus}
+    attribution = Attribution(
+        pods=PodAllocation(
+            {
+                uuid[0]: PodRef("team-a", "trainer-0", "pytorch"),
+                uuid[1]: PodRef("team-a", "trainer-0", "pytorch"),
+                uuid[2]: PodRef("team-b", "notebook", "jupyter"),
+            }
+        ),
+        jobs={"4": ("4711",), "5": ("4712", "4713")},
+    )
+    ours = label_layouts(first_snapshot_text(FakeNvml(fixture), attribution=attribution))
+    theirs = label_layouts(render_dcgm(dcgm, parse_counters(stock_counters())))
+    compared = sorted(set(theirs) - {XID_COUNT})  # a window count the agent does not have
+    assert "DCGM_FI_DEV_XID_ERRORS" in compared and "DCGM_FI_DEV_GPU_TEMP" in compared
+    for name in compared:
+        assert sorted(ours[name]) == sorted(theirs[name]), name
+    temp = {
+        dict(labels)["gpu"]: [key for key, _ in labels] for labels in ours["DCGM_FI_DEV_GPU_TEMP"]
+    }
+    identity = ["gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname"]
+    driver = "DCGM_FI_DRIVER_VERSION"
+    assert temp["0"] == [*identity, driver, "container", "namespace", "pod"]
+    assert temp["4"] == [*identity, driver, "hpc_job"]
+    assert temp["7"] == [*identity, driver]
+    assert len([s for s in ours["DCGM_FI_DEV_GPU_TEMP"] if ("gpu", "5") in s]) == 2

@@ -14,7 +14,8 @@ with that file:
   fields of type ``label`` (``DCGM_FI_DRIVER_VERSION``) and the attributes,
   each sorted by name as Go templates range over maps: ``container``,
   ``err_code`` / ``err_msg`` (on ``DCGM_FI_DEV_XID_ERRORS``), ``namespace``,
-  ``pod`` (on Kubernetes, while a pod holds the GPU);
+  ``pod`` (on Kubernetes, while a pod holds the GPU), ``hpc_job`` (each series once
+  per Slurm job mapped to the GPU, transformation/hpc.go);
 - a GPU with MIG instances as dcgm-exporter's default ``--devices f`` (flex) serves
   it (devicemonitoring/device_monitoring.go, monitorAllGPUInstances): no series of
   the GPU itself, one per GPU instance with ``GPU_I_PROFILE``, ``GPU_I_ID`` after
@@ -139,6 +140,7 @@ class DcgmInstance:
     gpu_instance_id: int
     values: dict[str, float] = field(default_factory=dict)
     pod: Pod | None = None  # on Kubernetes, the pod that holds this instance
+    hpc_jobs: tuple[str, ...] = ()  # from the file <gpu>.<GPU instance id>
 
 
 @dataclass(slots=True)
@@ -152,6 +154,7 @@ class DcgmGpu:
     last_xid: int = 0
     recent_xids: dict[int, int] = field(default_factory=dict)  # code -> count in window
     instances: list[DcgmInstance] = field(default_factory=list)  # MIG mode
+    hpc_jobs: tuple[str, ...] = ()  # from the hpc-job-mapping file named after the index
 
     def value(self, name: str) -> float:
         return self.values.get(name, HEALTHY_VALUES.get(name, 0.0))
@@ -209,11 +212,12 @@ def render(node: DcgmNode, counters: list[Counter], node_label: str = "Hostname"
                         "namespace": pod.namespace,
                         "container": pod.container,
                     }
-                tail = "".join(
-                    f',{key}="{escape_label_value(text)}"'
-                    for key, text in sorted(attributes.items())
-                )
-                lines.append(f"{counter.name}{{{base}{tail}}} {_number(value)}")
+                jobs = gpu.hpc_jobs if instance is None else instance.hpc_jobs
+                for copy in [{**attributes, "hpc_job": job} for job in jobs] or [attributes]:
+                    tail = "".join(
+                        f',{key}="{escape_label_value(text)}"' for key, text in sorted(copy.items())
+                    )
+                    lines.append(f"{counter.name}{{{base}{tail}}} {_number(value)}")
     return "\n".join(lines) + "\n"
 
 
