@@ -26,7 +26,13 @@ from dataclasses import dataclass, field
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from gpufleet.agent.training_events import CheckpointBatch, FinishedBatch, StepBatch
+from gpufleet.agent.training_events import (
+    CheckpointBatch,
+    FinishedBatch,
+    LayoutBatch,
+    LayoutEvent,
+    StepBatch,
+)
 from gpufleet.agent.training_view import JobView
 from gpufleet.schema import agent as agent_schema
 from gpufleet.schema import training as ts
@@ -194,13 +200,20 @@ class JobState:
     last_seen: float
     stages: dict[int, StageStats] = field(default_factory=dict)
     checkpoints: dict[str, CheckpointStats] = field(default_factory=dict)
+    # each local rank's parallel layout, of the latest attempt reported (frozen: shared)
+    layout: dict[int, LayoutEvent] = field(default_factory=dict)
 
     def export_copy(self) -> JobState:
         return JobState(
             self.last_seen,
             {pp_stage: stage.export_copy() for pp_stage, stage in self.stages.items()},
             {op: stats.export_copy() for op, stats in self.checkpoints.items()},
+            self.layout.copy(),
         )
+
+    @property
+    def layout_series(self) -> int:
+        return sum(len(event.groups) for event in self.layout.values())
 
 
 class TrainingAggregator(Collector):
@@ -345,6 +358,49 @@ class TrainingAggregator(Collector):
                 rank.finished = True
                 if all(r.finished for r in stage.ranks.values()):
                     stage.finished_time = now
+
+    def add_layout(self, batch: LayoutBatch) -> None:
+        """Record ranks' parallel layouts: a rank's latest replaces its earlier one, and
+        one of a later attempt forgets the job's layouts of earlier attempts here."""
+        now = self._clock()
+        with self._lock:
+            self._sweep(now)
+            self._check_layout_caps(batch)
+            self._client_dropped += batch.dropped
+            self._accepted["layout"] += len(batch.events)
+            for event in batch.events:
+                job = self._job(event.training_job, now)
+                layout = job.layout
+                latest = max((e.attempt or 0 for e in layout.values()), default=0)
+                if (event.attempt or 0) < latest:
+                    continue  # a late report of an attempt that has been replaced
+                if (event.attempt or 0) > latest:
+                    self._series -= job.layout_series
+                    layout.clear()
+                previous = layout.get(event.rank)
+                self._series += len(event.groups) - (len(previous.groups) if previous else 0)
+                layout[event.rank] = event
+
+    def _check_layout_caps(self, batch: LayoutBatch) -> None:
+        jobs = self._jobs
+        new_jobs = {e.training_job for e in batch.events if e.training_job not in jobs}
+        self._check_jobs(new_jobs, len(batch.events))
+        ranks: dict[str, set[int]] = {}
+        for event in batch.events:
+            job = jobs.get(event.training_job)
+            known = ranks.setdefault(event.training_job, set(job.layout) if job else set())
+            known.add(event.rank)
+        for name, known in sorted(ranks.items()):
+            if len(known) > self.limits.max_ranks_per_stage:
+                self._refuse(
+                    "rank_cap",
+                    len(batch.events),
+                    f"training_job {name!r} would have {len(known)} ranks' layouts on this agent "
+                    f"(cap {self.limits.max_ranks_per_stage}, --max-ranks-per-stage). Is every "
+                    "rank of the job sending to this node's agent?",
+                )
+        # at most: every event's groups new (replacements only shrink it)
+        self._check_series(sum(len(e.groups) for e in batch.events), len(batch.events))
 
     def _job(self, name: str, now: float) -> JobState:
         job = self._jobs.get(name)
@@ -502,6 +558,7 @@ class TrainingAggregator(Collector):
             stage.attempt is not None for stage in job.stages.values()
         )
         self._series -= SERIES_PER_CHECKPOINT_OP * len(job.checkpoints)
+        self._series -= job.layout_series
         self._jobs_expired += 1
 
     # -- exposition ---------------------------------------------------------------
@@ -521,6 +578,7 @@ class TrainingAggregator(Collector):
                 self._series,
             )
         yield from training_families(self.node, jobs, self.limits.step_buckets)
+        yield layout_family(self.node, jobs)
         yield from counts.families()
 
 
@@ -633,3 +691,24 @@ def _checkpoint_families(node: str, jobs: Mapping[str, JobView]) -> Iterable[Met
             size.add_metric(key, stats.bytes)
             in_flight.add_metric(key, len(stats.in_flight))
     yield from (operations, queue, service, size, in_flight)
+
+
+def layout_family(node: str, jobs: Mapping[str, JobState]) -> Metric:
+    """One series per local rank and parallel group, its value the group's size."""
+    sizes = ts.PARALLEL_GROUP_SIZE.gauge()
+    for job_name, job in sorted(jobs.items()):
+        for rank, event in sorted(job.layout.items()):
+            attempt = "" if event.attempt is None else str(event.attempt)
+            for group in event.groups:
+                labels = [
+                    job_name,
+                    node,
+                    str(rank),
+                    attempt,
+                    group.group,
+                    str(group.group_first_rank),
+                    str(group.group_rank),
+                    event.nvlink_domain or "",
+                ]
+                sizes.add_metric(labels, group.size)
+    return sizes

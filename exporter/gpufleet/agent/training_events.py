@@ -157,3 +157,51 @@ class AttemptBatch(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     events: Annotated[list[AttemptEventIn], Field(min_length=1, max_length=MAX_ATTEMPT_EVENTS)]
+
+
+# Limits of a rank's parallel layout (the client keeps the same, as literals).
+MAX_PARALLEL_GROUPS = 8
+GROUP_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,15}$"
+
+
+class ParallelGroup(_Strict):
+    """One parallel group a rank is in: its kind (``tp``, ``pp``, ``dp``, ``cp``, ``ep`` or
+    a DeviceMesh dimension's name), its size, the rank's position in it, and its lowest
+    global rank, which names the group the same way on each of its ranks."""
+
+    group: Annotated[str, StringConstraints(pattern=GROUP_NAME_PATTERN)]
+    size: Annotated[int, Field(ge=1, le=(1 << 20) + 1)]
+    group_rank: Rank
+    group_first_rank: Rank
+
+    @model_validator(mode="after")
+    def _rank_within_the_group(self) -> ParallelGroup:
+        if self.group_rank >= self.size:
+            raise ValueError(
+                f"group_rank {self.group_rank} is not below the group's size {self.size}"
+            )
+        return self
+
+
+class LayoutEvent(_Strict):
+    """A rank's parallel layout, sent once per attempt. The agent exports one series per
+    group with its node; Prometheus counts the nodes (and NVLink domains) a group spans."""
+
+    training_job: TrainingJob
+    rank: Rank
+    attempt: Attempt | None = None
+    # The NVLink domain of the rank's node, where the site names it (GPUFLEET_NVLINK_DOMAIN).
+    nvlink_domain: TrainingJob | None = None
+    groups: Annotated[list[ParallelGroup], Field(max_length=MAX_PARALLEL_GROUPS)]
+
+    @model_validator(mode="after")
+    def _one_group_per_kind(self) -> LayoutEvent:
+        kinds = [group.group for group in self.groups]
+        if len(set(kinds)) != len(kinds):
+            raise ValueError(f"groups name a kind twice: {kinds}")
+        return self
+
+
+class LayoutBatch(_Strict):
+    events: list[LayoutEvent]
+    dropped: Annotated[int, Field(ge=0, le=1 << 40)] = 0

@@ -1,5 +1,6 @@
-"""The ingest API: ``POST /v1/steps``, ``POST /v1/checkpoints``, ``POST /v1/finished`` and
-``POST /v1/attempts`` (job attempt events, relayed to the fleet ledger).
+"""The ingest API: ``POST /v1/steps``, ``POST /v1/checkpoints``, ``POST /v1/finished``,
+``POST /v1/layout`` (ranks' parallel groups) and ``POST /v1/attempts`` (job attempt
+events, relayed to the fleet ledger).
 
 Bodies are read with a size limit and a concurrency limit, parsed once by the
 standard JSON parser (which also refuses duplicate keys: the last one would
@@ -29,10 +30,17 @@ from starlette.requests import ClientDisconnect
 from gpufleet import web
 from gpufleet.agent.ledger_forward import AttemptRelay
 from gpufleet.agent.training_aggregate import CapExceededError, TrainingAggregator
-from gpufleet.agent.training_events import AttemptBatch, CheckpointBatch, FinishedBatch, StepBatch
+from gpufleet.agent.training_events import (
+    AttemptBatch,
+    CheckpointBatch,
+    FinishedBatch,
+    LayoutBatch,
+    StepBatch,
+)
 from gpufleet.reporter.events import ATTEMPTS_PATH
+from gpufleet.reporter.layout import LAYOUT_PATH
 
-BatchT = TypeVar("BatchT", StepBatch, CheckpointBatch, FinishedBatch, AttemptBatch)
+BatchT = TypeVar("BatchT", StepBatch, CheckpointBatch, FinishedBatch, AttemptBatch, LayoutBatch)
 
 
 def _refused_indices(error: ValidationError) -> list[int]:
@@ -105,6 +113,15 @@ class IngestApi:
             summary="Record that ranks finished training",
             description="Body: `FinishedBatch`. Sent by the client when it closes, so that "
             "a job that ended is not reported as hung.",
+        )
+        self._route(
+            router,
+            LAYOUT_PATH.removeprefix("/v1"),
+            LayoutBatch,
+            add.add_layout,
+            summary="Record ranks' parallel layouts (tp, pp, dp... groups)",
+            description="Body: `LayoutBatch`. Sent by the client once per attempt; exported as "
+            "gpufleet_training_parallel_group_size, one series per rank and group.",
         )
         attempts = self.attempts
         self._route(

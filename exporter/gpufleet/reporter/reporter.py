@@ -69,6 +69,15 @@ from gpufleet.reporter.events import (
     step_json,
     whole,
 )
+from gpufleet.reporter.layout import (
+    LAYOUT_PATH,
+    Layout,
+    discover,
+    from_mesh,
+    layout_json,
+    nvlink_domain,
+    sizes_from_environment,
+)
 
 if TYPE_CHECKING:
     from gpufleet.reporter.collectives import CollectiveWait, CommHook, NoCollectives
@@ -274,6 +283,11 @@ class Reporter:
         buffer_size: events held while the agent is slow or down; beyond it they drop.
         batch_size: events per request, at most ``MAX_BATCH_EVENTS`` (what the agent takes).
         enabled: False (or GPUFLEET_DISABLE=1) makes every call a no-op.
+        tp_size, pp_size, cp_size, dp_size: the job's parallel sizes (default:
+            GPUFLEET_TP_SIZE...), used when neither Megatron-Core nor a DeviceMesh says
+            them; ranks ordered tp-cp-dp-pp. The layout is found once, in the sender thread
+            after the first step, and sent once (``describe_layout``,
+            ``gpufleet.reporter.layout``).
     """
 
     def __init__(
@@ -293,6 +307,10 @@ class Reporter:
         timeout: float = 2.0,
         exit_timeout: float = 2.0,
         enabled: bool | None = None,
+        tp_size: int | None = None,
+        pp_size: int | None = None,
+        cp_size: int | None = None,
+        dp_size: int | None = None,
     ) -> None:
         url = agent_url or os.environ.get("GPUFLEET_AGENT_URL") or DEFAULT_AGENT_URL
         parsed = urllib.parse.urlsplit(url if "//" in url else f"http://{url}")
@@ -333,6 +351,7 @@ class Reporter:
         self._warned: dict[str, float] = {}
         self._count_lock = threading.Lock()
         self._collectives: CollectiveWait | NoCollectives | None = None
+        self._init_layout({"tp": tp_size, "pp": pp_size, "cp": cp_size, "dp": dp_size})
         self._forget_attempt()
 
         self.dropped = 0  # events dropped and not yet reported to the agent
@@ -344,6 +363,14 @@ class Reporter:
             self.enabled = enabled = False
         if enabled:
             self._watch_process()
+
+    def _init_layout(self, given: dict[str, int | None]) -> None:
+        self._layout_sizes = sizes_from_environment() | {
+            kind: size for kind, size in given.items() if size
+        }
+        self._layout_described = False  # described by hand, or found after the first step
+        self._layout_discover = False  # the sender thread looks for it
+        self._layout_outbox: dict[str, object] | None = None
 
     def _forget_attempt(self) -> None:
         # Attempt events wait here, apart from the steps, so that ``ended`` (sent at once
@@ -366,8 +393,8 @@ class Reporter:
                 self.training_job, launched, self.rank, self._queue_attempt, self._send_now
             )
         if self._attempt is not None:
-            self._first_step_pending = self._attempt.lead
             self._attempt.started()
+        self._first_step_pending = True  # attempt's first step, and the layout looked for
 
     def _identity_is_valid(self) -> bool:
         try:
@@ -448,6 +475,9 @@ class Reporter:
             self._first_step_pending = False
             if self._attempt is not None:
                 self._attempt.first_step()
+            # Process groups and meshes are made after the Reporter as often as before it:
+            # by the first step they exist. Found in the sender thread, never here.
+            self._layout_discover = not self._layout_described
         if step is None:
             step = next(self._step_counter)
         collectives = self._collectives
@@ -462,6 +492,52 @@ class Reporter:
                 StepEvent, (step, duration_s, compute_s, data_wait_s, comm_wait_s, tokens, phase)
             )
         )
+
+    def describe_layout(self, mesh: object = None) -> bool:
+        """Report this rank's parallel layout now: the groups of ``mesh`` (a
+        ``torch.distributed`` DeviceMesh with named dimensions: ``tp``, ``pp``, ``dp``...),
+        else what Megatron-Core, the job's DeviceMesh or the sizes given say (as after the
+        first step, but on the calling thread). Once per attempt is enough; a later call
+        replaces what was sent. True when a layout was found."""
+        if not self.enabled:
+            return False
+        layout = from_mesh(mesh) if mesh is not None else self._discover_layout()
+        self._queue_layout(layout)
+        return layout is not None
+
+    def _discover_layout(self) -> Layout | None:
+        try:
+            return discover(self.rank, self._layout_sizes)
+        except Exception as error:  # noqa: BLE001 - looking must never break training
+            self._warn("layout", f"gpufleet client cannot read the parallel layout: {error}")
+            return None
+
+    def _queue_layout(self, layout: Layout | None) -> None:
+        self._layout_described = True
+        if layout is None:
+            return
+        self._layout_outbox = layout_json(
+            layout, self.training_job, self.rank, self.attempt, nvlink_domain()
+        )
+        if self._thread is None:
+            self._start_thread()
+        self._wake.set()
+
+    def _send_layout(self) -> bool:
+        """Find the layout if the first step asked for it, and send it (sender thread).
+        False: the agent is unreachable (retry later)."""
+        if self._layout_discover:
+            self._layout_discover = False
+            if not self._layout_described:
+                self._queue_layout(self._discover_layout())
+        payload = self._layout_outbox
+        if payload is None:
+            return True
+        if not self._send_payload(LAYOUT_PATH, [payload], counted=False):
+            return False
+        if self._layout_outbox is payload:  # unless described again meanwhile
+            self._layout_outbox = None
+        return True
 
     def checkpoint(
         self, op: CheckpointOp = "save", bytes: int = 0, id: str | None = None
@@ -538,6 +614,10 @@ class Reporter:
         result: bool | None = None
         if self._attempt_outbox:
             if not self._send_queued_attempts():
+                return False
+            result = True
+        if self._layout_discover or self._layout_outbox is not None:
+            if not self._send_layout():
                 return False
             result = True
         while self._buffer:
@@ -778,7 +858,13 @@ class Reporter:
         deadline = time.monotonic() + timeout
         self._wake.set()
         with self._idle:
-            while self._buffer or self._in_flight or self._attempt_outbox:
+            while (
+                self._buffer
+                or self._in_flight
+                or self._attempt_outbox
+                or self._layout_discover
+                or self._layout_outbox is not None
+            ):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False

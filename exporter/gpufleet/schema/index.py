@@ -8,13 +8,14 @@ from gpufleet.schema.external import PROMETHEUS_FAMILIES
 from gpufleet.schema.family import MetricDef
 from gpufleet.schema.ledger import LEDGER_FAMILIES
 from gpufleet.schema.slurm import SLURM_WATCH_FAMILIES
-from gpufleet.schema.training import CHECKPOINT_FAMILIES, TRAINING_FAMILIES
+from gpufleet.schema.training import CHECKPOINT_FAMILIES, LAYOUT_FAMILIES, TRAINING_FAMILIES
 
 # What gpufleet's own components export.
 EXPORTED: tuple[MetricDef, ...] = (
     *GPU_FAMILIES,
     *TRAINING_FAMILIES,
     *CHECKPOINT_FAMILIES,
+    *LAYOUT_FAMILIES,
     *INGEST_FAMILIES,
     *SELF_FAMILIES,
     *LEDGER_FAMILIES,

@@ -159,3 +159,26 @@ CHECKPOINT_FAMILIES = (
     CHECKPOINT_BYTES,
     CHECKPOINT_IN_FLIGHT,
 )
+
+# A rank's parallel layout, reported once per attempt (gpufleet.reporter.layout): one series
+# per group the rank is in, with its node; rules count the nodes each group spans.
+PARALLEL_GROUP_LABELS = (
+    "training_job",
+    "node",
+    "rank",
+    "attempt",
+    "group",
+    "group_first_rank",
+    "group_rank",
+    "nvlink_domain",
+)
+PARALLEL_GROUP_SIZE = MetricDef(
+    "gpufleet_training_parallel_group_size",
+    "gauge",
+    "Ranks in a parallel group (group: tp, pp, dp, cp, ep or a DeviceMesh dimension's name) "
+    "this rank is in; group_first_rank: the group's lowest global rank (names the group), "
+    "group_rank: this rank's position in it, nvlink_domain: the node's, where the site names "
+    "it. One series per rank and group, reported once per attempt.",
+    PARALLEL_GROUP_LABELS,
+)
+LAYOUT_FAMILIES = (PARALLEL_GROUP_SIZE,)

@@ -1,0 +1,240 @@
+"""Parallel layouts: the client's sources (sizes by hand, a DeviceMesh), what it sends
+once per attempt, and what the agent accepts and exports."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpufleet.agent.app import Agent, AgentSettings
+from gpufleet.agent.training_aggregate import IngestLimits
+from gpufleet.client import Reporter
+from gpufleet.devstack import wait_until
+from gpufleet.reporter.layout import ParallelGroup, from_sizes, sizes_from_environment
+
+SIZE = "gpufleet_training_parallel_group_size"
+
+
+def groups(rank: int, world: int, **sizes: int) -> dict[str, tuple[int, int, int]]:
+    layout = from_sizes(rank, world, sizes)
+    assert layout is not None
+    return {g.group: (g.size, g.group_rank, g.group_first_rank) for g in layout.groups}
+
+
+def test_sizes_by_hand_order_ranks_as_megatron_does() -> None:
+    # tp=2, pp=2 on 8 ranks: tp adjacent ranks, dp what is left (2), pp furthest apart
+    assert groups(0, 8, tp=2, pp=2) == {"tp": (2, 0, 0), "dp": (2, 0, 0), "pp": (2, 0, 0)}
+    assert groups(3, 8, tp=2, pp=2) == {"tp": (2, 1, 2), "dp": (2, 1, 1), "pp": (2, 0, 3)}
+    assert groups(6, 8, tp=2, pp=2) == {"tp": (2, 0, 6), "dp": (2, 1, 4), "pp": (2, 1, 2)}
+    assert groups(5, 8, tp=2, cp=2) == {"tp": (2, 1, 4), "cp": (2, 0, 5), "dp": (2, 1, 1)}
+
+
+def test_sizes_that_do_not_make_the_world_report_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    assert from_sizes(0, 6, {"tp": 4}) is None
+    assert from_sizes(0, 8, {"tp": 2, "dp": 2}) is None  # 2 x 2 is not 8
+    assert "do not make a world of 8 ranks" in caplog.text
+    assert from_sizes(0, 8, {}) is None
+
+
+def test_sizes_from_the_environment() -> None:
+    environ = {"GPUFLEET_TP_SIZE": "8", "GPUFLEET_PP_SIZE": " 4 ", "GPUFLEET_DP_SIZE": "x"}
+    assert sizes_from_environment(environ) == {"tp": 8, "pp": 4}
+
+
+# -- the agent -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def node() -> Iterator[TestClient]:
+    agent = Agent(
+        AgentSettings(node="node-a", gpu_source="none", limits=IngestLimits(max_ranks_per_stage=4))
+    )
+    agent.open()
+    with TestClient(agent.asgi(), client=("127.0.0.1", 50000)) as client:
+        yield client
+
+
+def layout(rank: int, attempt: int = 0, **extra: Any) -> dict[str, Any]:
+    event: dict[str, Any] = {
+        "training_job": "llm",
+        "rank": rank,
+        "attempt": attempt,
+        "groups": [
+            {"group": "tp", "size": 2, "group_rank": rank % 2, "group_first_rank": rank - rank % 2},
+            {"group": "dp", "size": 2, "group_rank": rank // 2, "group_first_rank": rank % 2},
+        ],
+    }
+    event.update(extra)
+    return event
+
+
+def sizes(client: TestClient) -> dict[tuple[str, ...], float]:
+    text = client.get("/metrics").text
+    return {
+        (s.labels["rank"], s.labels["attempt"], s.labels["group"], s.labels["group_first_rank"],
+         s.labels["group_rank"], s.labels.get("nvlink_domain", "")): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == SIZE and s.labels["node"] == "node-a"
+    }  # fmt: skip
+
+
+def test_the_agent_exports_one_series_per_rank_and_group(node: TestClient) -> None:
+    answer = node.post("/v1/layout", json={"events": [layout(0), layout(1, nvlink_domain="nvl-a")]})
+    assert answer.status_code == 202, answer.text
+    assert sizes(node) == {
+        ("0", "0", "tp", "0", "0", ""): 2,
+        ("0", "0", "dp", "0", "0", ""): 2,
+        ("1", "0", "tp", "0", "1", "nvl-a"): 2,
+        ("1", "0", "dp", "1", "0", "nvl-a"): 2,
+    }
+
+
+def test_a_later_attempt_replaces_the_layout_and_a_late_earlier_one_is_ignored(
+    node: TestClient,
+) -> None:
+    node.post("/v1/layout", json={"events": [layout(0), layout(1)]})
+    node.post("/v1/layout", json={"events": [layout(2, attempt=1)]})
+    node.post("/v1/layout", json={"events": [layout(0, attempt=0)]})  # late
+    assert {key[:2] for key in sizes(node)} == {("2", "1")}
+    # a rank's second report of one attempt replaces its first
+    single = layout(2, attempt=1)
+    single["groups"] = single["groups"][:1]
+    node.post("/v1/layout", json={"events": [single]})
+    assert list(sizes(node)) == [("2", "1", "tp", "2", "0", "")]
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"group": "TP"}, "groups.0.group"),
+        ({"group_rank": 2}, "groups.0"),
+        ({"size": 0}, "groups.0.size"),
+    ],
+)
+def test_bad_groups_are_refused_naming_the_field(
+    node: TestClient, change: dict[str, Any], field: str
+) -> None:
+    event = layout(0)
+    event["groups"][0].update(change)
+    answer = node.post("/v1/layout", json={"events": [event]})
+    assert answer.status_code == 422
+    assert f"events.0.{field}" in answer.text
+    assert sizes(node) == {}
+
+
+def test_a_kind_twice_and_ranks_beyond_the_cap_are_refused(node: TestClient) -> None:
+    event = layout(0)
+    event["groups"].append(dict(event["groups"][0]))
+    assert node.post("/v1/layout", json={"events": [event]}).status_code == 422
+    too_many = [dict(layout(0), rank=rank, groups=[]) for rank in range(5)]  # cap: 4
+    answer = node.post("/v1/layout", json={"events": too_many})
+    assert answer.status_code == 429 and "--max-ranks-per-stage" in answer.text
+    assert sizes(node) == {}
+
+
+# -- the client, to a real agent over HTTP ---------------------------------------------
+
+
+def start_agent(serve_asgi: Callable[..., Any]) -> tuple[Agent, str]:
+    agent = Agent(AgentSettings(node="node-b", gpu_source="none"))
+    agent.open()
+    return agent, serve_asgi(agent.asgi(), None).url
+
+
+def exported(agent: Agent) -> list[dict[str, str]]:
+    return [
+        dict(sample.labels, value=str(int(sample.value)))
+        for family in agent.training.collect()
+        for sample in family.samples
+        if sample.name == SIZE
+    ]
+
+
+def test_sizes_given_to_the_reporter_are_sent_once_after_the_first_step(
+    serve_asgi: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("GPUFLEET_NVLINK_DOMAIN", "cluster-1.clique 7")
+    agent, url = start_agent(serve_asgi)
+    reporter = Reporter(url, training_job="sized", rank=5, attempt=2, tp_size=4)
+    try:
+        assert reporter.flush(5)
+        assert exported(agent) == []  # nothing before the first step
+        for _ in range(3):
+            with reporter.step():
+                pass
+        assert reporter.flush(5)
+        found = exported(agent)
+        common = {"training_job": "sized", "node": "node-b", "rank": "5", "attempt": "2"}
+        domain = {"nvlink_domain": "cluster-1.clique_7"}
+        assert found == [
+            {**common, "group": "tp", "group_first_rank": "4", "group_rank": "1", **domain,
+             "value": "4"},
+            {**common, "group": "dp", "group_first_rank": "1", "group_rank": "1", **domain,
+             "value": "2"},
+        ]  # fmt: skip
+        accepted = [
+            s.value
+            for family in agent.training.collect()
+            for s in family.samples
+            if s.name == "gpufleet_ingest_accepted_events_total" and s.labels["kind"] == "layout"
+        ]
+        assert accepted == [1]
+    finally:
+        reporter.close()
+
+
+def test_describe_layout_sends_a_mesh_given_by_hand(serve_asgi: Callable[..., Any]) -> None:
+    torch = pytest.importorskip("torch")
+    dist = pytest.importorskip("torch.distributed")
+    from torch.distributed.device_mesh import init_device_mesh
+
+    agent, url = start_agent(serve_asgi)
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "tp"))
+        reporter = Reporter(url, training_job="meshed", rank=0)
+        started = time.perf_counter()
+        assert reporter.describe_layout(mesh)
+        described_s = time.perf_counter() - started
+        assert reporter.flush(5)
+        assert {(row["group"], row["value"]) for row in exported(agent)} == {
+            ("dp", "1"),
+            ("tp", "1"),
+        }
+        assert described_s < 1.0
+        # The first step looks for nothing more: described already.
+        with reporter.step():
+            torch.ones(1)
+        assert reporter.flush(5)
+        assert len(exported(agent)) == 2
+        reporter.close()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_without_a_layout_nothing_is_sent(serve_asgi: Callable[..., Any]) -> None:
+    agent, url = start_agent(serve_asgi)
+    reporter = Reporter(url, training_job="alone", rank=0)
+    try:
+        with reporter.step():
+            pass
+        assert reporter.flush(5)
+        wait_until(lambda: reporter.sent >= 1, 5, what="the step sent")
+        assert exported(agent) == []
+        assert not reporter._layout_discover and reporter._layout_outbox is None
+    finally:
+        reporter.close()
+
+
+def test_the_group_record_names_its_fields_as_the_agent_does() -> None:
+    from gpufleet.agent.training_events import ParallelGroup as AgentGroup
+
+    assert list(ParallelGroup._fields) == list(AgentGroup.model_fields)
