@@ -14,6 +14,7 @@ from gpufleet.rules.dashboard_support import dashboard_support_group
 from gpufleet.rules.fail_slow import training_alerts, training_recording
 from gpufleet.rules.gpu import gpu_alerts, gpu_counters, gpu_recording, xid_catalogue_group
 from gpufleet.rules.health import health_recording
+from gpufleet.rules.layout import layout_groups
 from gpufleet.rules.node import node_alerts
 from gpufleet.rules.reliability import reliability_groups
 
@@ -42,6 +43,7 @@ def rule_files(config: RulesConfig | None = None) -> list[RuleFile]:
         RuleFile("node", [health_recording(config), node_alerts(config)]),
         RuleFile("training", [*training_recording(config), training_alerts(config)]),
         RuleFile("checkpoint", checkpoint_groups(config)),
+        RuleFile("layout", layout_groups(config)),
         RuleFile("reliability", reliability_groups(config)),
         RuleFile("dashboards", [dashboard_support_group(config)]),
     ]

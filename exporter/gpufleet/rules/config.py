@@ -215,6 +215,14 @@ class RulesConfig:
     data_wait_peer_multiple: float = 3.0
     data_wait_for: str = "15m"
 
+    # -- parallel layout (rules/layout.py) ------------------------------------------------------
+    # A tensor-parallel group across nodes (NVLink domains where the site names them) costs
+    # every step; how loudly it pages is the site's (a mistake, not an outage: warning).
+    tp_across_nodes_severity: str = "warning"
+    tp_across_nodes_for: str = "1m"
+    # Pipeline stages holding different numbers of ranks (info): held this long.
+    pipeline_uneven_for: str = "10m"
+
     # -- checkpoints ---------------------------------------------------------------------------
     checkpoint_window: str = "30m"
     checkpoint_queue_share: float = 0.9
@@ -363,6 +371,8 @@ def _check_value(name: str, value: Any, default: Any, source: str) -> Any:
         raise ConfigError(
             f"{where} must hold {{anchor}} (the alert's section) and no other braces, got {value!r}"
         )
+    if name.endswith("_severity") and value not in ("critical", "warning", "info"):
+        raise ConfigError(f"{where} must be critical, warning or info, got {value!r}")
     if name.endswith("_metric") and not re.fullmatch(r"[a-zA-Z_:][a-zA-Z0-9_:]*", value):
         raise ConfigError(f"{where} must be a metric name, got {value!r}")
     if name.endswith("_presence") and value not in PRESENCE_MODES:

@@ -1,0 +1,92 @@
+"""Parallel-layout rules: a tensor-parallel group across nodes, pipeline stages of unequal
+size.
+
+Each rank reports its groups once per attempt (``gpufleet.reporter.layout``); its agent
+exports one ``gpufleet_training_parallel_group_size`` series per rank and group, with
+the agent's ``node`` and, where the site names it, the node's ``nvlink_domain``. A group
+is (training_job, attempt, group, group_first_rank): the nodes and NVLink domains it
+spans are counted here, across every agent, with no collective in the job. A rank whose
+node names no NVLink domain counts as a domain of its own node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpufleet.rules.common import Alert, Group, Record, SeriesNames, metric
+from gpufleet.rules.config import RulesConfig
+from gpufleet.schema.training import PARALLEL_GROUP_SIZE
+
+# One parallel group of one attempt of a job.
+PARALLEL_GROUP = "training_job, attempt, group, group_first_rank"
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutSeries(SeriesNames):
+    """What layout.rules.yaml records, each named once here."""
+
+    # per group: nodes and NVLink domains (a node without one: its own) its ranks are on
+    nodes: str = "group:gpufleet_training_parallel_nodes:count"
+    domains: str = "group:gpufleet_training_parallel_domains:count"
+    # per pipeline stage (group_rank in the pp group) of a job's attempt: its ranks
+    stage_ranks: str = "stage:gpufleet_training_pipeline_ranks:count"
+
+
+def layout_groups(config: RulesConfig) -> list[Group]:
+    sel = config.agent_selector
+    series = LayoutSeries.of(config)
+    size = PARALLEL_GROUP_SIZE.name
+
+    def named(extra: str) -> str:
+        return metric(size, sel, extra)
+
+    unnamed, named_domain, pipeline = (
+        named('nvlink_domain=""'),
+        named('nvlink_domain!=""'),
+        named('group="pp"'),
+    )
+    # A rank whose node names no NVLink domain is in its node's own.
+    domain = (
+        f'label_replace({unnamed}, "nvlink_domain", "node:$1", "node", "(.+)")\n  or {named_domain}'
+    )
+    records: list[Record | Alert] = [
+        Record(
+            series.nodes,
+            f"count by ({PARALLEL_GROUP}) (\n  count by ({PARALLEL_GROUP}, node) ({named('')})\n)",
+        ),
+        Record(
+            series.domains,
+            f"count by ({PARALLEL_GROUP}) (\n"
+            f"  count by ({PARALLEL_GROUP}, nvlink_domain) (\n    {domain}\n  )\n)",
+        ),
+        Record(
+            series.stage_ranks,
+            f"count by (training_job, attempt, group_rank) ({pipeline})",
+        ),
+    ]
+    stages = "training_job, attempt"
+    alerts: list[Record | Alert] = [
+        Alert(
+            "GpuFleetTensorParallelAcrossNodes",
+            f'max by (training_job, group) ({series.domains}{{group="tp"}}) > 1',
+            config.tp_across_nodes_severity,
+            "A tensor-parallel group spans more than one node.",
+            "Tensor-parallel (tp) groups of job {{ $labels.training_job }} span up to "
+            "{{ $value }} nodes (NVLink domains where the nodes name one): every layer's "
+            "collectives cross the network instead of NVLink, every step. Keep tp within a "
+            "node: tp size at most the GPUs per node, tp the innermost mesh dimension.",
+            config.tp_across_nodes_for,
+        ),
+        Alert(
+            "GpuFleetPipelineStagesUneven",
+            f"max by ({stages}) ({series.stage_ranks})\n"
+            f"> on ({stages}) min by ({stages}) ({series.stage_ranks})",
+            "info",
+            "Pipeline stages of a job hold different numbers of ranks.",
+            "Pipeline stages of job {{ $labels.training_job }} hold different numbers of "
+            "ranks (the largest {{ $value }}): the smaller stages' ranks carry more of the "
+            "model each, or some ranks of a stage do not report.",
+            config.pipeline_uneven_for,
+        ),
+    ]
+    return [Group("gpufleet-layout-recording", records), Group("gpufleet-layout-alerts", alerts)]
