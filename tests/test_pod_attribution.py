@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -31,6 +32,7 @@ from gpufleet.agent.pod_resources import (
 )
 from gpufleet.cli import AGENT_OPTIONS, build_parser
 from gpufleet.cli import agent as agent_cli
+from gpufleet.devstack import free_port
 from gpufleet.gpu import attribution
 from gpufleet.gpu import catalogue as cat
 from gpufleet.gpu.fake import FakeNvml, bundled_fixture
@@ -466,3 +468,83 @@ def test_bad_values_name_the_variable(
     with pytest.raises(ConfigError, match=message):
         for option in AGENT_OPTIONS:
             option.resolve(namespace)
+
+
+# -- the training client names its pod; the agent names the pod's training job ----------
+
+
+def test_a_training_client_s_pod_puts_its_job_on_the_pod_s_gpus(
+    fake_nvml: FakeNvml,
+    kubelet: KubeletPodResources,
+    serve_agent: Callable[..., Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gpufleet.client import Reporter
+
+    gpu = uuids(fake_nvml)
+    kubelet.allocate(
+        Allocation("team-a", "llm-7b-worker-0", "pytorch", (gpu[0], gpu[1])),
+        Allocation("team-b", "notebook", "jupyter", (gpu[2],)),
+    )
+    agent = Agent(
+        AgentSettings(
+            node="node-a",
+            port=free_port(),
+            gpu_interval=60,
+            kubernetes=True,
+            pod_resources_kubelet_socket=kubelet.socket,
+            pod_resources_interval=0.1,
+            pod_resources_timeout=0.5,
+            allow_unauthenticated_ingest=True,
+        ),
+        nvml=fake_nvml,
+    )
+    agent.open()
+    server = serve_agent(agent)
+    url = f"http://127.0.0.1:{server.port}"
+
+    def fetch() -> str:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+            return str(response.read().decode())
+
+    def allocations(text: str) -> dict[str, dict[str, str]]:
+        return {
+            s.labels["pod"]: s.labels
+            for s in samples_of(text)
+            if s.name == cat.ALLOCATION_INFO.name
+        }
+
+    poll(fetch, lambda t: set(allocations(t)) == {"llm-7b-worker-0", "notebook"})
+    # the downward API's variables, as the README's snippet sets them
+    monkeypatch.setenv("GPUFLEET_NAMESPACE", "team-a")
+    monkeypatch.setenv("GPUFLEET_POD", "llm-7b-worker-0")
+    reporter = Reporter(url, training_job="llm-7b", rank=0)
+    try:
+        reporter.record_step(duration_s=1.0, tokens=10)
+        assert reporter.flush(10)
+        text = poll(fetch, lambda t: "training_job" in allocations(t)["llm-7b-worker-0"])
+    finally:
+        reporter.close()
+    worker = allocations(text)["llm-7b-worker-0"]
+    assert worker["training_job"] == "llm-7b"
+    assert "training_job" not in allocations(text)["notebook"]  # no client said it
+    # the training series themselves are unchanged: the join is on allocation_info
+    steps = [s for s in samples_of(text) if s.name == "gpufleet_training_steps_total"]
+    assert steps and all("pod" not in s.labels for s in steps)
+
+
+def test_the_client_reads_its_pod_from_the_downward_api(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpufleet.client import pod_from_environment
+    from gpufleet.reporter.pod import pod_headers
+
+    for name in ("GPUFLEET_NAMESPACE", "GPUFLEET_POD", "POD_NAMESPACE", "POD_NAME"):
+        monkeypatch.delenv(name, raising=False)
+    assert pod_from_environment() is None and pod_headers() == {}
+    monkeypatch.setenv("POD_NAMESPACE", "ml")
+    monkeypatch.setenv("POD_NAME", "trainer-3")
+    assert pod_from_environment() == ("ml", "trainer-3")
+    monkeypatch.setenv("GPUFLEET_NAMESPACE", "team-a")
+    monkeypatch.setenv("GPUFLEET_POD", "llm-0")
+    assert pod_headers() == {"X-Gpufleet-Namespace": "team-a", "X-Gpufleet-Pod": "llm-0"}
+    monkeypatch.setenv("GPUFLEET_POD", "Not_A_Pod")  # not a Kubernetes name: not sent
+    assert pod_from_environment() is None

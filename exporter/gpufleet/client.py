@@ -5,6 +5,7 @@ See :mod:`gpufleet.reporter.reporter` for the details. Adapters:
 ``gpufleet.reporter.huggingface.GpuFleetTrainerCallback`` (Hugging Face Trainer).
 """
 
+from gpufleet.reporter.pod import pod_from_environment
 from gpufleet.reporter.reporter import (
     CheckpointTimer,
     Reporter,
@@ -20,5 +21,6 @@ __all__ = [
     "StepTimer",
     "attempt_from_environment",
     "job_from_environment",
+    "pod_from_environment",
     "rank_from_environment",
 ]

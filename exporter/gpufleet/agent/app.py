@@ -22,6 +22,7 @@ from gpufleet.agent.pod_resources import DEFAULT_SOCKET, PodResourcesRefresher
 from gpufleet.agent.selfmetrics import AgentSelfCollector, ScrapeStats
 from gpufleet.agent.training_aggregate import IngestLimits, TrainingAggregator
 from gpufleet.agent.training_ingest import IngestApi
+from gpufleet.agent.training_pods import TrainingPods
 from gpufleet.gpu.attribution import Attribution, GpuIdType
 from gpufleet.gpu.reader import CallErrors, NvmlApi, NvmlReader
 from gpufleet.gpu.render import GpuExpositionCache
@@ -85,6 +86,7 @@ class Agent:
         self._cache: GpuExpositionCache | None = None
         self._started = False
         self.training = TrainingAggregator(settings.node, settings.limits, clock)
+        self.training_pods = TrainingPods(settings.limits.job_ttl_s, clock=clock)
         self.connections = ConnectionGuard(settings.connections)
         forwarder = LedgerForwarder(settings.ledger) if settings.ledger is not None else None
         self.attempts = AttemptRelay(forwarder)
@@ -106,13 +108,19 @@ class Agent:
         )
 
     def attribution(self) -> Attribution:
-        """Who holds the GPUs now: the pods the kubelet allocated them to, the Slurm jobs
-        mapped to them, each as last read by its thread."""
+        """Who holds the GPUs now: the pods the kubelet allocated them to (each as last
+        read by its thread) and their training jobs, the Slurm jobs mapped to them."""
         jobs_version, jobs = self.hpc_jobs.current() if self.hpc_jobs is not None else (0, {})
         pods_version, pods = (
             self.pod_resources.current() if self.pod_resources is not None else (0, None)
         )
-        return Attribution(pods=pods, jobs=jobs, version=(pods_version, jobs_version))
+        training_version, training = self.training_pods.current()
+        return Attribution(
+            pods=pods,
+            jobs=jobs,
+            training_jobs=training,
+            version=(pods_version, jobs_version, training_version),
+        )
 
     def _nvml(self) -> NvmlApi:
         if self._nvml_override is not None:
@@ -227,6 +235,7 @@ class Agent:
             agent.settings.ingest_token,
             allow_unauthenticated=agent.settings.allow_unauthenticated_ingest,
             attempts=agent.attempts,
+            pods=agent.training_pods,
         )
         api.include_router(ingest.router())
 

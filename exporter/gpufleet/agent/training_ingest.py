@@ -37,6 +37,7 @@ from gpufleet.agent.training_events import (
     LayoutBatch,
     StepBatch,
 )
+from gpufleet.agent.training_pods import TrainingPods
 from gpufleet.reporter.events import ATTEMPTS_PATH
 from gpufleet.reporter.layout import LAYOUT_PATH
 
@@ -63,9 +64,11 @@ class IngestApi:
         *,
         allow_unauthenticated: bool = False,
         attempts: AttemptRelay | None = None,
+        pods: TrainingPods | None = None,
     ) -> None:
         self.aggregator = aggregator
         self.attempts = attempts if attempts is not None else AttemptRelay()
+        self._pods = pods  # the pod a client names in its headers runs its training job
         self._guard = web.WriteGuard(
             token,
             allow_unauthenticated,
@@ -180,6 +183,8 @@ class IngestApi:
             )
             batch = self._parse(raw, model)
             add(batch)
+            if self._pods is not None:
+                self._pods.note(request.headers, batch.events)
         except web.Refusal as refusal:
             self.aggregator.reject(refusal.reason, refusal.count)
             return refusal.response()

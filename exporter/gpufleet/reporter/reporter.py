@@ -78,6 +78,7 @@ from gpufleet.reporter.layout import (
     nvlink_domain,
     sizes_from_environment,
 )
+from gpufleet.reporter.pod import pod_headers
 
 if TYPE_CHECKING:
     from gpufleet.reporter.collectives import CollectiveWait, CommHook, NoCollectives
@@ -327,6 +328,8 @@ class Reporter:
         self._headers = {"Content-Type": "application/json"}
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
+        # On Kubernetes, the pod (downward API) in two headers, once per request.
+        self._headers.update(pod_headers())
         self._sync = sync
         self._capacity = buffer_size
         self._batch_size = max(1, min(batch_size, MAX_BATCH_EVENTS))
