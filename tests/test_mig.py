@@ -394,3 +394,15 @@ def check_served_mig_node(
     series = prometheus.wait_for_series('DCGM_FI_DEV_FB_USED{GPU_I_PROFILE="1g.10gb"}', 7)
     assert {s["metric"]["GPU_I_ID"] for s in series} == {str(gi) for gi in range(7, 14)}
     assert prometheus.wait_for_series('gpufleet_gpus_seen{Hostname="mig-node"}', 1)
+
+
+def test_an_instance_whose_identity_failed_is_read_again_next_cycle(
+    mig_nvml: FakeNvml,
+) -> None:
+    failing = {"nvml_error": "NVML_ERROR_UNKNOWN"}
+    mig_nvml.set_value(2, "nvmlDeviceGetGpuInstanceId", failing, mig=0)
+    reader, first = read_once(mig_nvml)
+    assert not instances(first, 2)
+    assert reader.errors.snapshot() == {("gpu", "nvmlDeviceGetGpuInstanceId"): 2}  # open, read
+    mig_nvml.set_value(2, "nvmlDeviceGetGpuInstanceId", 0, mig=0)
+    assert [r.identity.mig_profile for r in instances(reader.read(), 2)] == ["7g.80gb"]

@@ -449,10 +449,11 @@ class NvmlReader:
             found.append((handle, uuid))
         uuids = tuple(uuid for _, uuid in found)
         if uuids == state.mig_uuids:
-            by_uuid = dict((uuid, handle) for handle, uuid in found)
+            by_uuid = {uuid: handle for handle, uuid in found}
             for mig in state.instances:
                 mig.handle = by_uuid.get(mig.identity.mig_uuid or "", mig.handle)
             return
+        # known once every MIG device's identity was read; else read again next cycle
         state.mig_uuids = uuids
         # one reading per GPU instance (its first compute instance), as dcgm-exporter
         # serves GPU instances
@@ -460,6 +461,7 @@ class NvmlReader:
         for handle, uuid in found:
             identity = self._mig_identity(state, handle, uuid)
             if identity is None or identity.mig_instance_id is None:
+                state.mig_uuids = ()
                 continue
             current = chosen.get(identity.mig_instance_id)
             if current is None or (identity.mig_compute_instance_id or 0) < (
