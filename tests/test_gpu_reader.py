@@ -363,3 +363,13 @@ def test_gpm_after_mig_starts_from_a_fresh_sample(fake_nvml: FakeNvml) -> None:
     # the sample from before MIG is dropped, not used for a rate over the MIG stretch
     assert cat.SM_ACTIVE.name not in reader.read().gpus[1].values
     assert cat.SM_ACTIVE.name in reader.read().gpus[1].values
+
+
+def test_gpus_without_mig_cost_no_mig_calls(fake_nvml: FakeNvml) -> None:
+    reader = open_reader(fake_nvml)
+    snapshot = two_cycles(reader)
+    assert not any(reading.identity.is_mig for reading in snapshot.gpus)
+    mig_calls = {
+        call for call in fake_nvml.calls if "Mig" in call and call != "nvmlDeviceGetMigMode"
+    }
+    assert mig_calls == set()
