@@ -92,12 +92,12 @@ docker-packages:
 	  $(SUDO) apt-get update && \
 	  $(SUDO) apt-get install -y --no-install-recommends docker.io debootstrap docker-compose; }
 
-test-containers: venv deploy-tools docker-packages
+test-containers: venv prometheus3 deploy-tools docker-packages
 	$(SUDO) bash tests/containers/run.sh $(PY)
 
 # For a machine without registry access: the base, Prometheus / Alertmanager and the
 # product image (then: docker compose -f docker-compose.yml -f deploy/compose/local-images.yml up).
-container-images: docker-packages
+container-images: docker-packages prometheus3
 	$(SUDO) $(PYTHON) deploy/compose/local-images/build.py
 
 pytest: venv

@@ -282,6 +282,28 @@ def first_firing(stack: Stack, t0: float) -> dict[tuple[str, str], float]:
     }  # fmt: skip
 
 
+def shipped_series() -> dict[str, str]:
+    """major.minor of the Prometheus and Alertmanager the compose file pins (v3.5.3: 3.5);
+    the local images must run the same series (Debian's builds add +ds1 and the like)."""
+    services = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]
+    return {
+        name: ".".join(services[name]["image"].split(":v", 1)[1].split(".")[:2])
+        for name in ("prometheus", "alertmanager")
+    }
+
+
+def running_versions(stack: Stack) -> dict[str, str]:
+    """major.minor of what the running containers report (build info, status)."""
+    prometheus = http_json(f"{stack.prometheus}/api/v1/status/buildinfo")["data"]["version"]
+    alertmanager = http_json(f"http://127.0.0.1:{stack.alertmanager_port}/api/v2/status")[
+        "versionInfo"
+    ]["version"]
+    return {
+        name: ".".join(version.split(".")[:2])
+        for name, version in (("prometheus", prometheus), ("alertmanager", alertmanager))
+    }
+
+
 def tell_the_story(stack: Stack, tool: list[str]) -> dict[str, Any]:
     """One `up` of every service but Grafana; the story checked; figures returned."""
     began = time.monotonic()
@@ -309,6 +331,8 @@ def tell_the_story(stack: Stack, tool: list[str]) -> dict[str, Any]:
         what="64 simulated nodes and the ledger up in Prometheus",
     )
     targets_up_s = time.time() - t0
+    running = running_versions(stack)
+    assert running == shipped_series(), f"running {running}, the compose file pins another"
     expected = {(name, subject) for names, subject, _ in PAGES for name in names}
     # The last page fires about 9:10 / FACTOR after t0 and reaches the pager 10 s later
     # (Alertmanager's group_wait, not compressed); be generous with a loaded machine.
@@ -350,6 +374,7 @@ def tell_the_story(stack: Stack, tool: list[str]) -> dict[str, Any]:
         "targets up (s after the clock started)": round(targets_up_s, 1),
         "pages (s of the uncompressed story)": story_s,
         "up to the last check (s)": round(time.monotonic() - began),
+        "versions": running,
     }
 
 

@@ -5,8 +5,10 @@ and PyPI but no image registry (Docker Hub, ghcr.io, quay.io):
   gpufleet-local/python:3.11-bookworm   the Dockerfile's base: Debian bookworm (minbase, by
                                         debootstrap) with python3 and python3-venv, this
                                         machine's pip index settings and CA certificates
-  gpufleet-local/prometheus:bookworm    Prometheus and Alertmanager from Debian's packages,
-  gpufleet-local/alertmanager:bookworm  laid out like the official prom/* images
+  gpufleet-local/prometheus:3.5         Prometheus 3.5 LTS and Alertmanager 0.33 from Debian
+  gpufleet-local/alertmanager:0.33      sid's packages (deploy/tools/fetch-prometheus3.sh, as
+                                        `make prometheus3` fetches them) on that base, laid
+                                        out like the official prom/* images
   gpufleet:<version>                    the product image, from the Dockerfile on that base
 
 then `docker compose -f docker-compose.yml -f deploy/compose/local-images.yml up` runs the
@@ -35,8 +37,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 BASE = "gpufleet-local/python:3.11-bookworm"
-PROMETHEUS = "gpufleet-local/prometheus:bookworm"
-ALERTMANAGER = "gpufleet-local/alertmanager:bookworm"
+PROMETHEUS = "gpufleet-local/prometheus:3.5"
+ALERTMANAGER = "gpufleet-local/alertmanager:0.33"
+# Where fetch-prometheus3.sh keeps the .debs it downloaded (the tests' binaries' packages).
+PROMETHEUS3 = REPO / ".tools" / "prometheus3"
+MONITORING_DEBS = ("prometheus_", "promtool_", "prometheus-alertmanager_")
 SUITE = "bookworm"
 # What the official python:3.11-slim-bookworm base gives the Dockerfile: python (and pip
 # through the venv), TLS roots.
@@ -124,7 +129,7 @@ def build_base() -> None:
     key_source = "\n".join([SUITE, mirror, *PACKAGES, pip_conf]).encode()
     bundle = CA_BUNDLE.read_bytes() if CA_BUNDLE.is_file() else b""
     key = hashlib.sha256(key_source + bundle).hexdigest()[:12]
-    keyed = f"{BASE.split(':')[0]}:key-{key}"
+    keyed = f"{BASE.split(':', maxsplit=1)[0]}:key-{key}"
     if image_exists(keyed):
         run("docker", "tag", keyed, BASE)
         log(f"{BASE} is up to date ({keyed}); debootstrap skipped")
@@ -181,6 +186,34 @@ def docker_build(tag: str, *args: str) -> None:
     log(f"{tag} built in {time.monotonic() - started:.0f} s")
 
 
+def monitoring_debs() -> list[Path]:
+    """Debian sid's Prometheus, promtool and Alertmanager packages, fetched when missing
+    (a no-op when `make prometheus3` already has them)."""
+    run(str(REPO / "deploy" / "tools" / "fetch-prometheus3.sh"), str(PROMETHEUS3))
+    debs = sorted(path for path in (PROMETHEUS3 / "debs").glob("*.deb")
+                  if path.name.startswith(MONITORING_DEBS))  # fmt: skip
+    if len(debs) != len(MONITORING_DEBS):
+        sys.exit(f"build.py: expected {MONITORING_DEBS} packages in {PROMETHEUS3}/debs, "
+                 f"found {[path.name for path in debs]}")  # fmt: skip
+    return debs
+
+
+def build_monitoring() -> None:
+    """The Prometheus and Alertmanager stand-ins, from a context of the Dockerfile and the
+    three .debs (nothing else of the checkout goes to the engine)."""
+    debs = monitoring_debs()
+    log(f"Prometheus / Alertmanager from {', '.join(path.name for path in debs)}")
+    with tempfile.TemporaryDirectory(prefix="gpufleet-monitoring-") as scratch:
+        context = Path(scratch)
+        shutil.copy(HERE / "monitoring.Dockerfile", context / "Dockerfile")
+        (context / "debs").mkdir()
+        for path in debs:
+            shutil.copy(path, context / "debs" / path.name)
+        for tag, target in ((PROMETHEUS, "prometheus"), (ALERTMANAGER, "alertmanager")):
+            docker_build(tag, "--build-arg", f"BASE_IMAGE={BASE}", "--target", target,
+                         str(context))  # fmt: skip
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", choices=("base", "monitoring", "product"), action="append",
@@ -190,11 +223,8 @@ def main() -> int:
         sys.exit("build.py: no Docker engine answers `docker info`")
     if "base" in only:
         build_base()
-    stand_ins = HERE / "monitoring.Dockerfile"
     if "monitoring" in only:
-        for tag, target in ((PROMETHEUS, "prometheus"), (ALERTMANAGER, "alertmanager")):
-            docker_build(tag, "--build-arg", f"BASE_IMAGE={BASE}", "--target", target,
-                         "-f", str(stand_ins), str(HERE))  # fmt: skip
+        build_monitoring()
     if "product" in only:
         docker_build(product_image(), "--build-arg", f"PYTHON_IMAGE={BASE}", str(REPO))
     return 0

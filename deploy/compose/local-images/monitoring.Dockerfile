@@ -4,14 +4,18 @@
 # images are, so docker-compose.yml's commands, mounts and tmpfs run unchanged: the binary
 # is the entrypoint, the process runs as nobody, and the data directory (/prometheus,
 # /alertmanager) is its working directory, owned by nobody.
-# Debian bookworm packages Prometheus 2.42 and Alertmanager 0.25 (the compose file pins
-# the official 2.53.3 and 0.27.0); `make test` runs the same two versions.
+# The versions are the compose file's: Prometheus 3.5 LTS and Alertmanager 0.33, from
+# Debian sid's packages (deploy/tools/fetch-prometheus3.sh downloads them; build.py puts
+# them in the build context's debs/), installed on the bookworm base: they need only its
+# libc6, adduser and tzdata. `make test` runs the same binaries.
 ARG BASE_IMAGE=gpufleet-local/python:3.11-bookworm
 
 FROM ${BASE_IMAGE} AS debian
+COPY debs/ /tmp/debs/
 RUN apt-get update \
- && apt-get install -y --no-install-recommends prometheus prometheus-alertmanager \
- && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb
+ && apt-get install -y --no-install-recommends /tmp/debs/prometheus_*.deb \
+      /tmp/debs/promtool_*.deb /tmp/debs/prometheus-alertmanager_*.deb \
+ && rm -rf /tmp/debs /var/lib/apt/lists/* /var/cache/apt/archives/*.deb
 
 FROM debian AS prometheus
 RUN install -d -o nobody -g nogroup /prometheus
