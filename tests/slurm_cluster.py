@@ -8,11 +8,15 @@ task/none, no cgroups, select/linear). The slurmd serves the node named after th
 daemon is stopped by its PID. Under CI (``CI`` set) a missing package fails the test
 instead of skipping it.
 
-With ``gpus=N`` the host's node also has N GPUs as Slurm's GRES: ``gres.conf`` lists N
+With ``gpus=N`` the host's node also has N GPUs as Slurm's GRES: ``gres.conf`` lists their
 device files (links to ``/dev/null`` under the work directory, ``AutoDetect=off``: slurmd
 only checks that they are devices) and the selection is ``select/cons_tres``, so jobs on
-the host share it GPU by GPU. ``prolog`` / ``epilog`` become slurmd's ``Prolog=`` / ``Epilog=`` with
-``PrologFlags=Alloc``: the prolog runs when the job is allocated, not at its first step.
+the host share it GPU by GPU. ``shards=K`` adds K ``gres/shard`` per GPU (jobs sharing a
+GPU); ``mig_instances=M`` splits GPU 0 into M MIG instances, each a GRES of its own
+(``MultipleFiles``: the GPU's device and two ``nvidia-cap`` files, as AutoDetect=nvml
+lists an instance), typed ``1g.10gb``, the whole GPUs ``h100``. ``prolog`` / ``epilog``
+become slurmd's ``Prolog=`` / ``Epilog=`` with ``PrologFlags=Alloc``: the prolog runs
+when the job is allocated, not at its first step.
 """
 
 from __future__ import annotations
@@ -58,6 +62,8 @@ class SlurmCluster:
     processes: list[ManagedProcess] = field(default_factory=list)
     run_dir: Path | None = None
     gpus: int = 0
+    shards: int = 0
+    mig_instances: int = 0
     prolog: Path | None = None
     epilog: Path | None = None
 
@@ -121,26 +127,47 @@ class SlurmCluster:
         lines += ["PrologFlags=Alloc"] if self.prolog else []
         if not self.gpus:
             return [*lines, "SelectType=select/linear"]
-        self.gpu_devices.mkdir(parents=True, exist_ok=True)
-        # slurmd wants each File to be a character or block device, and mknod needs root:
-        # links to /dev/null are devices to stat() and never opened here (task/none).
-        for index in range(self.gpus):
-            device = self.gpu_devices / f"nvidia{index}"
-            if not device.is_symlink():
-                device.symlink_to("/dev/null")
+        devices = self.gpu_devices
+        devices.mkdir(parents=True, exist_ok=True)
+        gres = self._gpu_lines(devices)
+        gres += [f"Name=shard Count={self.shards} File={devices}/nvidia{gpu}"
+                 for gpu in range(self.gpus) if self.shards]  # fmt: skip
         (self.workdir / "gres.conf").write_text(
-            "AutoDetect=off\n"
-            f"NodeName={self.host} Name=gpu File={self.gpu_devices}/nvidia[0-{self.gpus - 1}]\n"
+            "AutoDetect=off\n" + "".join(f"NodeName={self.host} {line}\n" for line in gres)
         )
-        # One CPU per GPU whatever this machine has (config_overrides), so that jobs of one
+        types = "gpu,shard" if self.shards else "gpu"
+        # One CPU per GRES whatever this machine has (config_overrides), so that jobs of one
         # GPU each can run side by side on the host.
-        return [*lines, "GresTypes=gpu", "SelectType=select/cons_tres",
+        return [*lines, f"GresTypes={types}", "SelectType=select/cons_tres",
                 "SelectTypeParameters=CR_Core", "SlurmdParameters=config_overrides"]  # fmt: skip
+
+    def _gpu_lines(self, devices: Path) -> list[str]:
+        # slurmd wants each file to be a character or block device, and mknod needs root:
+        # links to /dev/null are devices to stat() and never opened here (task/none).
+        def device(name: str) -> Path:
+            path = devices / name
+            if not path.is_symlink():
+                path.symlink_to("/dev/null")
+            return path
+
+        whole = [device(f"nvidia{gpu}") for gpu in range(self.gpus)]
+        if not self.mig_instances:
+            return [f"Name=gpu File={devices}/nvidia[0-{self.gpus - 1}]"]
+        instances = [
+            f"Name=gpu Type=1g.10gb MultipleFiles={whole[0]},"
+            f"{device(f'nvidia-cap{10 * gi + 1}')},{device(f'nvidia-cap{10 * gi + 2}')}"
+            for gi in range(1, self.mig_instances + 1)
+        ]
+        return [*instances, *(f"Name=gpu Type=h100 File={path}" for path in whole[1:])]
 
     def _host_resources(self) -> str:
         if not self.gpus:
             return "CPUs=1"
-        return f"CPUs={self.gpus} Gres=gpu:{self.gpus}"
+        if self.mig_instances:
+            gres = f"gpu:1g.10gb:{self.mig_instances},gpu:h100:{self.gpus - 1}"
+            return f"CPUs={self.mig_instances + self.gpus - 1} Gres={gres}"
+        shards = f",shard:{self.shards * self.gpus}" if self.shards else ""
+        return f"CPUs={self.gpus * max(1, self.shards)} Gres=gpu:{self.gpus}{shards}"
 
     def start(self) -> SlurmCluster:
         # munged wants its socket's directory open to all and its key private; pytest's

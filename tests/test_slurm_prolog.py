@@ -7,7 +7,8 @@ only, no PATH): several jobs on one GPU, prologs and epilogs at once, a missing 
 an epilog without its prolog, MIG names from a map. Then under a real slurmd with four
 GPUs as GRES (``slurm_cluster``), configured with ``Prolog=`` / ``Epilog=`` as the scripts'
 header says: the files name a job's GPUs while it runs and lose its line when it ends,
-is cancelled or is an array's task. Last, end to end: ``gpufleet agent`` (synthetic NVML)
+is cancelled or is an array's task; jobs sharing a GPU through ``gres/shard`` each have
+their line; MIG instances (a GRES each, numbered flat) are named through the map. Last, end to end: ``gpufleet agent`` (synthetic NVML)
 reads the directory slurmd's prolog writes, its GPU series carry ``hpc_job`` and
 ``gpufleet_gpu_job_info`` names the job while it runs, and a real Prometheus answers the
 README's join on it.
@@ -220,15 +221,7 @@ def gpu_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SlurmC
     require_slurm()
     work = tmp_path_factory.mktemp("slurm-gpus")
     node = Node.at(work)
-    # slurm.conf's Prolog= / Epilog=: the shipped scripts, told where this node's settings
-    # are (a real node reads /etc/default/gpufleet).
-    hooks = {}
-    for name, script in (("prolog", PROLOG), ("epilog", EPILOG)):
-        hook = work / f"{name}.sh"
-        hook.write_text(f"#!/bin/sh\nGPUFLEET_DEFAULTS={node.defaults} exec {script}\n")
-        hook.chmod(0o755)
-        hooks[name] = hook
-    cluster = SlurmCluster(work / "cluster", gpus=4, prolog=hooks["prolog"], epilog=hooks["epilog"])
+    cluster = hooked_cluster(work, node, gpus=4, shards=4)
     try:
         cluster.start()
         yield cluster, node
@@ -236,10 +229,25 @@ def gpu_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SlurmC
         cluster.stop()
 
 
+def hooked_cluster(
+    work: Path, node: Node, gpus: int, shards: int = 0, mig_instances: int = 0
+) -> SlurmCluster:
+    """A cluster whose slurm.conf runs the shipped scripts as Prolog= / Epilog=, told
+    where this node's settings are (a real node reads /etc/default/gpufleet)."""
+    hooks = {}
+    for name, script in (("prolog", PROLOG), ("epilog", EPILOG)):
+        hook = work / f"{name}.sh"
+        hook.write_text(f"#!/bin/sh\nGPUFLEET_DEFAULTS={node.defaults} exec {script}\n")
+        hook.chmod(0o755)
+        hooks[name] = hook
+    return SlurmCluster(work / "cluster", gpus=gpus, shards=shards, mig_instances=mig_instances,
+                        prolog=hooks["prolog"], epilog=hooks["epilog"])  # fmt: skip
+
+
 def gres_indices(cluster: SlurmCluster, job: str) -> list[str]:
     """The GPUs Slurm gave a job on the host: ``GRES=gpu:2(IDX:0-1)`` -> ["0", "1"]."""
     found = re.search(
-        r"GRES=gpu(?::\w+)*:\d+\(IDX:([\d,-]+)\)", cluster.scontrol("show", "job", "-d", job)
+        r"GRES=gpu(?::[^:(\s]+)*:\d+\(IDX:([\d,-]+)\)", cluster.scontrol("show", "job", "-d", job)
     )
     assert found, cluster.scontrol("show", "job", "-d", job)
     indices: list[str] = []
@@ -307,6 +315,70 @@ def test_each_task_of_an_array_is_named_by_its_own_job_id(
     wait_for_mapping(node, expected, "each array task on its GPU")
     (tmp_path / "release").touch()
     wait_for_mapping(node, {}, "the array's tasks gone")
+
+
+def test_jobs_sharing_a_gpu_through_shards_each_have_their_line(
+    gpu_slurm: tuple[SlurmCluster, Node], tmp_path: Path
+) -> None:
+    cluster, node = gpu_slurm
+    # 3 jobs x 2 shards on GPUs of 4 shards each: some GPU holds shards of two jobs.
+    jobs = [held_job(cluster, tmp_path / f"release-{n}", "--gres=shard:2") for n in range(3)]
+
+    def all_mapped() -> dict[str, list[str]] | None:
+        mapping = node.mapping()
+        mapped = {job for lines in mapping.values() for job in lines}
+        return mapping if mapped == set(jobs) else None
+
+    mapping = wait_until(all_mapped, 60, interval=0.1, what="every sharing job mapped")
+    shared = next(lines for lines in mapping.values() if len(lines) >= 2)
+    ending, staying = shared[0], shared[1]
+    (tmp_path / f"release-{jobs.index(ending)}").touch()
+
+    def ending_gone() -> bool:
+        lines = [job for lines in node.mapping().values() for job in lines]
+        return ending not in lines and staying in lines
+
+    wait_until(ending_gone, 60, interval=0.1, what=f"job {ending} out, {staying} still in")
+    for n in range(3):
+        (tmp_path / f"release-{n}").touch()
+    wait_for_mapping(node, {}, "the sharing jobs gone")
+
+
+@pytest.fixture(scope="module")
+def mig_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SlurmCluster, Node]]:
+    require_slurm()
+    work = tmp_path_factory.mktemp("slurm-mig")
+    # GRES 0 and 1: GPU 0's MIG instances 1 and 2; GRES 2: GPU 1 whole. Slurm numbers
+    # them flat, so the whole GPU needs its line too.
+    gpu_map = work / "slurm-gpus"
+    gpu_map.write_text("0 0.1\n1 0.2\n2 1\n")
+    node = Node.at(work, gpu_map)
+    cluster = hooked_cluster(work, node, gpus=2, mig_instances=2)
+    try:
+        cluster.start()
+        yield cluster, node
+    finally:
+        cluster.stop()
+
+
+def test_mig_instances_are_named_through_the_gpu_map(
+    mig_slurm: tuple[SlurmCluster, Node], tmp_path: Path
+) -> None:
+    cluster, node = mig_slurm
+    jobs = [held_job(cluster, tmp_path / "release", f"--gres=gpu:{kind}:1")
+            for kind in ("1g.10gb", "1g.10gb", "h100")]  # fmt: skip
+    wait_until(
+        lambda: all(cluster.job(job)["job_state"] == "RUNNING" for job in jobs),
+        60,
+        interval=0.2,
+        what="the MIG jobs running",
+    )
+    names = {"0": "0.1", "1": "0.2", "2": "1"}
+    expected = {names[gpu]: [job] for job in jobs for gpu in gres_indices(cluster, job)}
+    assert sorted(expected) == ["0.1", "0.2", "1"]
+    wait_for_mapping(node, expected, "each job on its MIG instance or GPU")
+    (tmp_path / "release").touch()
+    wait_for_mapping(node, {}, "the MIG jobs gone")
 
 
 # --- end to end: slurmd's prolog, the agent, Prometheus --------------------------------------

@@ -15,9 +15,11 @@
 # The GPUs are SLURM_JOB_GPUS (slurm.conf(5): "The GPU IDs of GPUs in the job allocation",
 # set in Prolog and Epilog): Slurm's GRES index, which under gres.conf AutoDetect=nvml is
 # the GPUs in PCI bus order, as NVML and dcgm-exporter number them. For a hand-written
-# gres.conf listed in another order, or MIG instances (one GRES each, numbered flat), name
-# the file for each index in GPUFLEET_SLURM_GPU_MAP: lines "<Slurm GPU id> <file name>",
-# e.g. "0 0.1" and "1 0.2" for GPU 0's instances 1 and 2.
+# gres.conf listed in another order, or MIG instances (one GRES each, numbered flat with
+# the whole GPUs: Slurm's ids after an instance no longer match NVML's), name the file for
+# each id in GPUFLEET_SLURM_GPU_MAP: lines "<Slurm GPU id> <file name>", e.g. "0 0.1",
+# "1 0.2", "2 1" for GPU 0's instances 1 and 2, then GPU 1 whole. An id not in the map
+# names its file itself.
 #
 # Settings: /etc/default/gpufleet (GPUFLEET_DEFAULTS names another file), sourced as sh;
 # Slurm runs prologs with an environment of its own, so the file is where they go:
