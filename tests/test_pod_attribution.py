@@ -548,3 +548,38 @@ def test_the_client_reads_its_pod_from_the_downward_api(monkeypatch: pytest.Monk
     assert pod_headers() == {"X-Gpufleet-Namespace": "team-a", "X-Gpufleet-Pod": "llm-0"}
     monkeypatch.setenv("GPUFLEET_POD", "Not_A_Pod")  # not a Kubernetes name: not sent
     assert pod_from_environment() is None
+
+
+def test_an_attributed_agent_exports_what_the_schema_defines(
+    served: tuple[Callable[[], str], Agent], kubelet: KubeletPodResources, fake_nvml: FakeNvml
+) -> None:
+    """Every family is the schema's (type, help, labels), pod labels aside: those are
+    the catalogue's ATTRIBUTION_LABELS, on GPU families only, on every series of the
+    allocated GPU and none other."""
+    from gpufleet.schema.index import BY_NAME
+
+    fetch, _ = served
+    kubelet.allocate(Allocation("team-a", "trainer-0", "pytorch", (uuids(fake_nvml)[0],)))
+    text = poll(fetch, lambda t: 'pod="trainer-0"' in t)
+    gpu_families = {metric.name for metric in cat.GPU_FAMILIES}
+    optional = set(cat.ATTRIBUTION_LABELS)
+    seen = set()
+    for family in text_string_to_metric_families(text):
+        entry = BY_NAME.get(f"{family.name}_total") or BY_NAME.get(family.name)
+        assert entry is not None, family.name
+        assert (family.type, family.documentation) == (entry.kind, entry.help), entry.name
+        for sample in family.samples:
+            labels = set(sample.labels) - {"le", "quantile"}
+            if entry.name in gpu_families and entry.name != cat.ALLOCATION_INFO.name:
+                attributed = labels & optional
+                assert attributed == (
+                    {"container", "namespace", "pod"} if sample.labels.get("gpu") == "0" else set()
+                ), sample
+                labels -= attributed
+            assert labels == set(entry.labels), sample
+        seen.add(entry.name)
+    assert {
+        cat.ALLOCATION_INFO.name,
+        "gpufleet_agent_pod_resources_refreshes_total",
+        "gpufleet_agent_pod_resources_last_success_timestamp_seconds",
+    } <= seen

@@ -282,6 +282,12 @@ XID_LAST_TIMESTAMP = _g(
     "gpufleet_gpu_last_xid_timestamp_seconds", "Unix time of the last XID error on this GPU."
 )
 
+# On every per-GPU series while known (gpu/attribution.py), sorted in after the driver
+# label as dcgm-exporter writes them: the pod holding the GPU, the Slurm job mapped to it.
+ATTRIBUTION_LABELS = ("container", "hpc_job", "namespace", "pod")
+# What a join series may add to the labels declared below.
+ALLOCATION_OPTIONAL_LABELS = ("GPU_I_PROFILE", "GPU_I_ID", "training_job")
+
 # Join series (gpu/render.py's allocation_families): who holds a GPU, as few labels as
 # identify it, so a rule adds pod or job labels with `* on (Hostname, gpu, UUID)
 # group_left (namespace, pod) gpufleet_gpu_allocation_info`. A MIG instance's series add
