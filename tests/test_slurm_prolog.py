@@ -8,10 +8,10 @@ an epilog without its prolog, MIG names from a map. Then under a real slurmd wit
 GPUs as GRES (``slurm_cluster``), configured with ``Prolog=`` / ``Epilog=`` as the scripts'
 header says: the files name a job's GPUs while it runs and lose its line when it ends,
 is cancelled or is an array's task; jobs sharing a GPU through ``gres/shard`` each have
-their line; MIG instances (a GRES each, numbered flat) are named through the map. Last, end to end: ``gpufleet agent`` (synthetic NVML)
-reads the directory slurmd's prolog writes, its GPU series carry ``hpc_job`` and
-``gpufleet_gpu_job_info`` names the job while it runs, and a real Prometheus answers the
-README's join on it.
+their line; MIG instances (a GRES each, numbered flat) are named through the map. Last,
+end to end: ``gpufleet agent`` (synthetic NVML) reads the directory slurmd's prolog
+writes, its GPU series carry ``hpc_job`` and ``gpufleet_gpu_job_info`` names the job
+while it runs, and a real Prometheus answers the README's join on it.
 """
 
 from __future__ import annotations
@@ -68,13 +68,15 @@ class Node:
                "SLURM_SCRIPT_CONTEXT": "prolog_slurmd"}  # fmt: skip
         return env | ({"SLURM_JOB_GPUS": gpus} if gpus is not None else {})
 
-    def start(self, script: Path, job: str, gpus: str | None = None) -> subprocess.Popen[str]:
+    def start(
+        self, script: Path, job: str, gpus: str | None = None, cwd: Path | None = None
+    ) -> subprocess.Popen[str]:
         return subprocess.Popen(
-            [str(script)], env=self.env(job, gpus), text=True, stderr=subprocess.PIPE
+            [str(script)], env=self.env(job, gpus), cwd=cwd, text=True, stderr=subprocess.PIPE
         )
 
-    def run(self, script: Path, job: str, gpus: str | None = None) -> str:
-        process = self.start(script, job, gpus)
+    def run(self, script: Path, job: str, gpus: str | None = None, cwd: Path | None = None) -> str:
+        process = self.start(script, job, gpus, cwd)
         _, stderr = process.communicate(timeout=60)
         assert process.returncode == 0, f"{script.name} exited {process.returncode}: {stderr}"
         return stderr
@@ -195,6 +197,16 @@ def test_blank_lines_go_and_other_files_stay(node: Node) -> None:
     assert node.mapping() == {"0": ["42", "43"]}
     assert (node.mapping_dir / "README").read_text() == "41\n"
     assert (node.mapping_dir / "0.x").read_text() == "41\n"
+
+
+def test_a_gpu_list_is_split_on_commas_and_never_globbed(node: Node, tmp_path: Path) -> None:
+    cwd = tmp_path / "cwd"  # slurmd's working directory, holding a file named like a GPU
+    cwd.mkdir()
+    (cwd / "5").touch()
+    node.run(PROLOG, "601", "*,?", cwd=cwd)
+    assert node.mapping() == {}
+    node.run(PROLOG, "601", "1,2", cwd=cwd)
+    assert node.mapping() == {"1": ["601"], "2": ["601"]}
 
 
 @pytest.mark.parametrize("job", ["", "12\n13", "12 13", "abc"])
@@ -407,6 +419,7 @@ def jobs_on_gpus(exposition: str) -> dict[str, set[str]]:
     return found
 
 
+@pytest.mark.integration
 def test_the_agent_labels_the_gpus_the_prolog_maps_and_prometheus_joins_them(
     gpu_slurm: tuple[SlurmCluster, Node],
     tmp_path: Path,

@@ -34,6 +34,7 @@
 PATH=/usr/sbin:/usr/bin:/sbin:/bin
 export PATH
 umask 022
+set -f # SLURM_JOB_GPUS is split on commas below, never globbed
 
 GPUFLEET_DEFAULTS=${GPUFLEET_DEFAULTS:-/etc/default/gpufleet}
 # shellcheck source=/dev/null
