@@ -7,6 +7,10 @@ container as dcgm-exporter writes them; a missing, dead or hung kubelet never sl
 from __future__ import annotations
 
 import re
+import shutil
+import socket
+import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -583,3 +587,37 @@ def test_an_attributed_agent_exports_what_the_schema_defines(
         "gpufleet_agent_pod_resources_refreshes_total",
         "gpufleet_agent_pod_resources_last_success_timestamp_seconds",
     } <= seen
+
+
+def test_a_socket_that_accepts_and_never_answers_times_out(fake_nvml: FakeNvml) -> None:
+    """Below gRPC: a listener that takes the connection and says nothing (a wedged
+    kubelet). Each List is cut at the deadline; scrapes never wait for it."""
+    directory = Path(tempfile.mkdtemp(prefix="mute-"))
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(directory / "kubelet.sock"))
+    listener.listen(16)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(listener.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        for fetch, _ in serve(fake_nvml, str(directory / "kubelet.sock")):
+            text = poll(fetch, lambda t: refreshes(t).get("timeout", 0) >= 2)
+            assert refreshes(text)["ok"] == 0
+            assert max(scrape_seconds(fetch) for _ in range(5)) < 2.0
+    finally:
+        stop.set()
+        thread.join(5)
+        for connection in held:
+            connection.close()
+        listener.close()
+        shutil.rmtree(directory, ignore_errors=True)
