@@ -10,7 +10,8 @@ other failure is counted per NVML call.
 A GPU in MIG mode is read as a whole (what NVML serves for the parent: clocks,
 temperature, power, ECC, remapped rows where allowed, NVLink, PCIe, violations)
 and then once per GPU instance on it, through its MIG device handle: memory and
-the GPM profiling metrics, which is what NVML serves per instance. XIDs stay on
+the GPM profiling metrics, which is what NVML serves per instance (the GPU's own
+memory series give way to its instances'). XIDs stay on
 the parent (the XID watcher registers the parents' handles).
 """
 
@@ -839,6 +840,10 @@ class NvmlReader:
                 return
 
     def _read_memory(self, state: _GpuState, values: dict[str, float]) -> None:
+        if state.mig_mode == _MIG_ENABLED:
+            # The memory is its GPU instances' (each reading has its own), as dcgm-exporter
+            # serves it: the GPU's aggregate beside them would count it twice in a sum.
+            return
         mib = 1024.0 * 1024.0
         try:
             info = self._device_call(state, "nvmlDeviceGetMemoryInfo", self.nvml.nvmlMemory_v2)
