@@ -133,7 +133,7 @@ def test_an_instance_has_its_parent_s_labels_then_dcgm_exporter_s_mig_labels(
 def test_an_instance_holds_what_nvml_serves_per_instance(
     mig_nvml: FakeNvml, mig_fixture: dict[str, Any]
 ) -> None:
-    _, snapshot = read_once(mig_nvml)  # GPM primed at open(): rates in the first snapshot
+    reader, snapshot = read_once(mig_nvml)  # GPM primed at open(): rates at once
     recorded = mig_fixture["devices"][0]
     for reading, mig in zip(instances(snapshot, 0), recorded["mig_devices"], strict=True):
         assert reading.up
@@ -145,6 +145,9 @@ def test_an_instance_holds_what_nvml_serves_per_instance(
         assert reading.values[cat.SM_ACTIVE.name] == pytest.approx(gpm["2"] / 100)
     idle = next(r for r in instances(snapshot, 0) if r.identity.mig_instance_id == 11)
     assert idle.values[cat.FB_USED.name] == 0 and idle.values[cat.SM_ACTIVE.name] == 0
+    # and every cycle after: each GPU instance's GPM rate from its own two samples
+    following = reader.read()
+    assert all(set(r.values) == PER_INSTANCE for r in instances(following))
 
 
 def test_the_parent_keeps_its_hardware_state_and_loses_what_mig_refuses(
