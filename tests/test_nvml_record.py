@@ -6,6 +6,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from gpufleet.gpu import record
 from gpufleet.gpu.fake import FakeNvml, bundled_fixture, load_fixture
 from gpufleet.gpu.reader import NvmlReader
 from gpufleet.gpu.record import RecordingNvml
@@ -64,3 +67,16 @@ def test_a_mig_node_records_and_replays_its_instances(tmp_path: Path) -> None:
     assert gpu1["mig_devices"][0]["nvmlDeviceGetName"] == "NVIDIA H100 80GB HBM3 MIG 2c.3g.40gb"
     assert set(gpu1["nvmlGpmMigMetricsGet"]) == {"2", "3", "5"}
     assert "nvmlDeviceGetTemperature" not in gpu1["mig_devices"][0]  # never asked on it
+
+
+def test_nvml_record_writes_a_replayable_fixture_and_counts_gpus_and_instances(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `gpufleet nvml-record` on a MIG node, its NVML being the MIG fixture's
+    monkeypatch.setattr(record, "pynvml", FakeNvml(bundled_fixture("h100-sxm-mig")))
+    out, metrics = tmp_path / "node.json", tmp_path / "node.prom"
+    summary = record.record_fixture("mig-node", str(out), str(metrics))
+    assert summary.startswith(f"recorded 8 GPUs and 11 MIG instances into {out}; errors: none")
+    replayed = read_twice(FakeNvml(load_fixture(out)))
+    assert sum(1 for reading in replayed.gpus if reading.identity.is_mig) == 11
+    assert 'GPU_I_PROFILE="7g.80gb",GPU_I_ID="0",Hostname="mig-node"' in metrics.read_text()
