@@ -46,7 +46,7 @@ DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 LIST_METHOD = "/v1.PodResourcesLister/List"
 Outcome = Literal["ok", "error", "timeout"]
 OUTCOMES: tuple[Outcome, ...] = ("ok", "error", "timeout")
-MAX_RESPONSE_BYTES = 16 * 1024 * 1024  # the kubelet's own limit on this API's messages
+MAX_RESPONSE_BYTES = 16 * 1024 * 1024  # beyond gRPC's 4 MiB default: a node of many pods
 
 
 # -- the protobuf wire format, for the messages List returns ----------------------------
