@@ -106,8 +106,16 @@ def build(config: RulesConfig) -> dm.Dashboard:
         "share they saw.",
         "short",
         [
-            common.target(f"{r.writers}{{{common.sel()}}}", instant=True, ref="A"),
-            common.target(f"{r.queue_share}{{{common.sel()}}}", instant=True, ref="B"),
+            common.target(
+                common.tenant_jobs(f"{r.writers}{{{common.sel()}}}", r.job_tenant, jobs=False),
+                instant=True,
+                ref="A",
+            ),
+            common.target(
+                common.tenant_jobs(f"{r.queue_share}{{{common.sel()}}}", r.job_tenant, jobs=False),
+                instant=True,
+                ref="B",
+            ),
         ],
         link_node=False,
         columns=("nodes writing", "queue-wait share"),
@@ -118,11 +126,12 @@ def build(config: RulesConfig) -> dm.Dashboard:
         "Where checkpoint time goes: queued for storage or being written, and how that "
         "grows with the number of writers.",
         [
+            common.namespace_variable((r.gpu_tenant, r.job_tenant)),
             common.query_variable(
                 "training_job",
                 "Training job",
-                f"label_values({ts.CHECKPOINT_OPERATIONS.name}{{{common.sel(config.agent_selector)}}}, training_job)",
-            )
+                f"label_values({r.job_tenant}{{{common.sel(common.TENANT)}}}, training_job)",
+            ),
         ],
         grid,
     )

@@ -27,6 +27,10 @@ TAG = "gpufleet"
 DATASOURCE = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 CLUSTER = 'cluster=~"$cluster"'
 JOB = 'training_job="$training_job"'  # the job dashboards' variable, as a matcher
+# The tenant variables as matchers. "All" is ".*", which also matches series without the
+# label: the unallocated GPUs, jobs that report no namespace.
+TENANT = 'namespace=~"$namespace"'
+JOBS = 'training_job=~"$training_job"'
 NODE_DASHBOARD = "gpufleet-node"
 # Dashboard width in Grafana's grid units.
 WIDTH = 24
@@ -299,6 +303,39 @@ def cluster_variable() -> db.QueryVariable:
     return query_variable(
         "cluster", "Cluster", "label_values(up, cluster)", include_all=True, hide=True
     )
+
+
+def namespace_variable(tenant_series: Sequence[str]) -> db.QueryVariable:
+    """The tenant: a Kubernetes namespace holding GPUs or running training jobs."""
+    names = "|".join(tenant_series)
+    return query_variable(
+        "namespace",
+        "Namespace (tenant)",
+        f'label_values({{__name__=~"{names}", {CLUSTER}}}, namespace)',
+        include_all=True,
+    )
+
+
+def training_jobs_variable(job_tenant: str) -> db.QueryVariable:
+    """The chosen tenant's training jobs (several, or All)."""
+    return query_variable(
+        "training_job",
+        "Training job",
+        f"label_values({job_tenant}{{{sel(TENANT)}}}, training_job)",
+        include_all=True,
+    )
+
+
+def tenant_gpus(expr: str, gpu_tenant: str) -> str:
+    """``expr`` (per-GPU series, with UUID) for the chosen tenant's GPUs only; "All" keeps
+    every GPU, the unallocated ones too (gpu_tenant has a series for each GPU)."""
+    return f"(\n  (\n    {expr}\n  )\n  and on (UUID) {gpu_tenant}{{{sel(TENANT)}}}\n)"
+
+
+def tenant_jobs(expr: str, job_tenant: str, *, jobs: bool = True) -> str:
+    """``expr`` (series with training_job) for the chosen tenant's (and jobs') only."""
+    matchers = sel(TENANT, JOBS) if jobs else sel(TENANT)
+    return f"(\n  (\n    {expr}\n  )\n  and on (training_job) {job_tenant}{{{matchers}}}\n)"
 
 
 def dashboard(

@@ -116,10 +116,11 @@ def build(config: RulesConfig) -> dm.Dashboard:
         "Stragglers: which node computes slower than its pipeline-stage peers, since when, "
         "and what it costs the job.",
         [
+            common.namespace_variable((r.gpu_tenant, r.job_tenant)),
             common.query_variable(
                 "training_job",
                 "Training job",
-                f"label_values({r.compute_ratio}{{{common.sel()}}}, training_job)",
+                f"label_values({r.job_tenant}{{{common.sel(common.TENANT)}}}, training_job)",
             ),
             common.query_variable(
                 "pp_stage",
@@ -157,7 +158,8 @@ def coverage_panels(grid: common.Grid, config: RulesConfig, r: Recorded) -> None
     """Which stages of which jobs no peer comparison covers, and why: fleet-wide, since a
     job whose agents export no compute series is not in the job picker (it has no compute
     ratio); one that reports step time only is there, its compute being its step time."""
-    active = f"{r.detection_active}{{{common.sel()}}}"
+    # all the chosen tenant's jobs (every job under "All")
+    active = common.tenant_jobs(f"{r.detection_active}{{{common.sel()}}}", r.job_tenant, jobs=False)
     grid.add(
         common.stat_panel(
             "Straggler detection coverage (all jobs)",

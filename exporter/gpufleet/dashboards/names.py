@@ -41,6 +41,8 @@ class Recorded:
     fleet_power: str
     node_gpus: str
     gpu_node: str
+    gpu_tenant: str
+    job_tenant: str
     node_seconds_per_op: str
     node_checkpoint_bytes: str
 
@@ -75,6 +77,8 @@ class Recorded:
             fleet_power=support.fleet_power,
             node_gpus=support.node_gpus,
             gpu_node=support.gpu_node,
+            gpu_tenant=support.gpu_tenant,
+            job_tenant=support.job_tenant,
             node_seconds_per_op=support.node_seconds_per_op,
             node_checkpoint_bytes=support.node_checkpoint_bytes,
         )

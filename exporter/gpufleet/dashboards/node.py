@@ -3,7 +3,9 @@ signals behind it, its training time by stage, its checkpoint I/O, its exclusion
 
 GPU series come from gpufleet's agent or dcgm-exporter, labelled ``Hostname`` (or
 ``hostname``); panels derive ``node`` from them with the rules' own ``with_node``, so no
-panel selects on either spelling.
+panel selects on either spelling. The namespace variable narrows the GPU panels to the
+GPUs a tenant's pods hold on the node (the hidden uuid variable lists them) and the
+training panel to its jobs; health, checkpoint I/O and exclusions are the node's.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from gpufleet.schema import training as ts
 
 UID = "gpufleet-node"
 NODE = 'node="$node"'
+# the node's GPUs of the chosen tenant (the hidden uuid variable lists them)
+THESE_GPUS = 'UUID=~"$uuid"'
 GPU_LEGEND = "{{node}} GPU {{gpu}}"
 
 
@@ -43,6 +47,9 @@ def this_node(config: RulesConfig, name: str, by: str = "node, gpu", wrap: str =
 def build(config: RulesConfig) -> dm.Dashboard:
     r = Recorded.of(config)
     grid = common.Grid()
+    # the chosen GPUs, from the GPU series themselves (a recorded series takes no regex here)
+    chosen = common.sel(config.gpu_selector, THESE_GPUS)
+    these = f"group by (UUID) ({cat.GPU_UP.name}{{{chosen}}} or {cat.GPU_TEMP.name}{{{chosen}}})"
     # The signals the score sums, named by the rules that record them.
     signals = "\nor ".join(
         f'label_replace({rule.record}{{{common.sel(NODE)}}}, "signal", "{rule.record.rsplit(":", 1)[1]}", "", "")'
@@ -99,7 +106,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
         common.targets(
             (
                 this_node(config, cat.THROTTLE_ACTIVE.name, "node, gpu, reason")
-                + f"\nor {r.hw_slowdown}{{{common.sel(NODE)}}}",
+                + f"\nor ({r.hw_slowdown}{{{common.sel(NODE)}}} and on (UUID) {these})",
                 GPU_LEGEND + " {{reason}}",
             ),
         ),
@@ -170,7 +177,12 @@ def build(config: RulesConfig) -> dm.Dashboard:
         "XIDs",
         f"GPUs of this node that reported each XID within {config.xid_window}.",
         "short",
-        common.targets((f"{r.xid_new}{{{common.sel(NODE)}}}", GPU_LEGEND + " XID {{xid}}")),
+        common.targets(
+            (
+                f"{r.xid_new}{{{common.sel(NODE)}}} and on (UUID) {these}",
+                GPU_LEGEND + " XID {{xid}}",
+            )
+        ),
         bars=True,
     )
     gpu_panel(
@@ -202,7 +214,9 @@ def build(config: RulesConfig) -> dm.Dashboard:
         "s",
         common.targets(
             (
-                f"{r.phase_per_step}{{{common.sel(NODE)}}}",
+                common.tenant_jobs(
+                    f"{r.phase_per_step}{{{common.sel(NODE)}}}", r.job_tenant, jobs=False
+                ),
                 "{{node}} {{phase}} ({{training_job}} stage {{pp_stage}})",
             )
         ),
@@ -248,19 +262,20 @@ def build(config: RulesConfig) -> dm.Dashboard:
         "gpufleet / Node",
         "One node: every GPU signal, its health score, training time, checkpoint I/O and exclusions.",
         [
+            common.namespace_variable((r.gpu_tenant, r.job_tenant)),
             common.query_variable(
-                "node", "Node", f"label_values({r.node_gpus}{{{common.sel()}}}, node)"
+                "node", "Node", f"label_values({r.gpu_tenant}{{{common.sel(common.TENANT)}}}, node)"
             ),
             common.query_variable(
                 "gpu",
                 "GPU",
-                f"label_values({r.gpu_node}{{{common.sel(NODE)}}}, gpu)",
+                f"label_values({r.gpu_tenant}{{{common.sel(NODE, common.TENANT)}}}, gpu)",
                 include_all=True,
             ),
             common.query_variable(
                 "uuid",
                 "GPU UUIDs",
-                f"label_values({r.gpu_node}{{{common.sel(NODE)}}}, UUID)",
+                f"label_values({r.gpu_tenant}{{{common.sel(NODE, common.TENANT)}}}, UUID)",
                 include_all=True,
                 all_value=None,
                 hide=True,

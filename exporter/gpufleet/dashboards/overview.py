@@ -1,5 +1,8 @@
-"""Fleet overview, the landing page: node states, firing alerts, GPUs, worst nodes, XIDs,
-straggler candidates, fleet utilisation and power."""
+"""Fleet overview, the landing page: node states, firing alerts, GPUs, GPUs by tenant,
+worst nodes, XIDs, straggler candidates, fleet utilisation and power. The namespace and
+training-job variables narrow every panel whose series say which tenant or job they are
+of (GPUs, XIDs, alerts, stragglers); node states, health and the fleet's totals are the
+fleet's."""
 
 from __future__ import annotations
 
@@ -21,8 +24,10 @@ def build(config: RulesConfig) -> dm.Dashboard:
     up_nodes = f'label_replace(up{{{agent}}}, "node", "$1", "instance", "([^:]+).*")'
     degraded = f"{r.health}{{{c}}} >= {config.health_threshold:g}"
     excluded = f"{ledger.EXCLUDED.name}{{{common.sel(config.fleet_selector)}}} == 1"
-    firing = common.sel('alertstate="firing"', 'alertname=~"GpuFleet.*"')
+    firing = common.sel('alertstate="firing"', 'alertname=~"GpuFleet.*"', common.TENANT)
+    gpus = common.sel(config.gpu_selector)
     grid = common.Grid()
+    ratios = common.tenant_jobs(f"{r.compute_ratio}{{{c}}}", r.job_tenant)
     counts = [
         ("Healthy nodes", "Nodes whose agent answers, with a health score below the alert's "
          "threshold and no exclusion.",
@@ -62,8 +67,43 @@ def build(config: RulesConfig) -> dm.Dashboard:
         common.targets(
             (f"sum({cat.GPUS_EXPECTED.name}{{{common.sel(config.gpu_selector)}}})", "expected"),
             (f"sum({cat.GPUS_SEEN.name}{{{common.sel(config.gpu_selector)}}})", "seen"),
-            (f"sum({cat.GPU_UP.name}{{{common.sel(config.gpu_selector)}}})", "answering"),
+            (
+                f"sum({common.tenant_gpus(f'{cat.GPU_UP.name}{{{gpus}}}', r.gpu_tenant)})",
+                "answering (of the tenant)",
+            ),
         ),
+    )
+    # GPUs by tenant: those its pods hold now, those of them a GPU alert fires for, and
+    # those on nodes the ledger holds excluded (0 where none); a time-sliced GPU counts
+    # for each namespace holding it.
+    held = f"{r.gpu_tenant}{{{common.sel(common.TENANT)}}}"
+    none = f"count by (namespace) ({held}) * 0"
+    failing = f"ALERTS{{{common.sel('alertstate=' + common.quoted('firing'), 'alertname=~' + common.quoted('GpuFleet.*'), 'UUID!=' + common.quoted(''))}}}"
+    grid.add(
+        common.table_panel(
+            "GPUs by tenant",
+            "Per namespace (tenant): the GPUs its pods hold now, those of them a gpufleet "
+            "GPU alert fires for, and those on a node the fleet ledger holds excluded. The "
+            "row without a namespace counts the unallocated GPUs (under All).",
+            "short",
+            [
+                common.target(f"count by (namespace) ({held})", instant=True, ref="A"),
+                common.target(
+                    f"count by (namespace) ({held} and on (UUID) {failing})\nor {none}",
+                    instant=True,
+                    ref="B",
+                ),
+                common.target(
+                    f"count by (namespace) ({held} and on (node) ({excluded}))\nor {none}",
+                    instant=True,
+                    ref="C",
+                ),
+            ],
+            link_node=False,
+            columns=("allocated", "failing", "excluded"),
+        ),
+        8,
+        8,
     )
     grid.add(
         common.table_panel(
@@ -92,9 +132,9 @@ def build(config: RulesConfig) -> dm.Dashboard:
             f"and z {config.straggler_zscore:g} for {config.straggler_for}.",
             "short",
             [
-                common.target(f"topk(5, {r.compute_ratio}{{{c}}})", instant=True, ref="A"),
+                common.target(f"topk(5, {ratios})", instant=True, ref="A"),
                 common.target(
-                    f"{r.compute_zscore}{{{c}}} and on (training_job, node, pp_stage) topk(5, {r.compute_ratio}{{{c}}})",
+                    f"{r.compute_zscore}{{{c}}} and on (training_job, node, pp_stage) topk(5, {ratios})",
                     instant=True,
                     ref="B",
                 ),
@@ -111,7 +151,12 @@ def build(config: RulesConfig) -> dm.Dashboard:
         f"GPUs that reported each XID code within {config.xid_window} "
         "(gpufleet's counter or dcgm-exporter's last XID).",
         "short",
-        common.targets((f"sum by (xid) ({r.xid_new}{{{c}}})", "XID {{xid}}")),
+        common.targets(
+            (
+                f"sum by (xid) ({common.tenant_gpus(f'{r.xid_new}{{{c}}}', r.gpu_tenant)})",
+                "XID {{xid}}",
+            )
+        ),
         bars=True,
     )
     grid.timeseries(
@@ -134,6 +179,9 @@ def build(config: RulesConfig) -> dm.Dashboard:
         UID,
         "gpufleet / Fleet overview",
         "Where to start: node states, firing alerts, the worst nodes and the fleet's load.",
-        [],
+        [
+            common.namespace_variable((r.gpu_tenant, r.job_tenant)),
+            common.training_jobs_variable(r.job_tenant),
+        ],
         grid,
     )

@@ -147,10 +147,11 @@ def build(config: RulesConfig) -> dm.Dashboard:
         "gpufleet / Reliability and goodput",
         "Where failures concentrate, how fast jobs recover, and how much wall time trains.",
         [
+            common.namespace_variable((r.gpu_tenant, r.job_tenant)),
             common.query_variable(
                 "training_job",
                 "Training job",
-                f"label_values({r.job_step}{{{c}}}, training_job)",
+                f"label_values({r.job_tenant}{{{common.sel(common.TENANT)}}}, training_job)",
             ),
             common.query_variable(
                 "source",

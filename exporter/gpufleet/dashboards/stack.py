@@ -53,7 +53,7 @@ QUERY_STEP_S = 60.0
 SCENARIO = """
 name: dashboards
 cluster: {{nodes: {nodes}, layout: {replicas}x2x8, checkpoint_interval_s: 1800,
-          storage_slots: 16}}
+          storage_slots: 16, namespace: {namespace}}}
 rates: {{fail_stop_per_1000_node_days: 0, fail_slow_compute_per_node_day: 0,
         fail_slow_comm_per_node_day: 0, auto_retry_success: 1.0}}
 confounders: {{cluster_slowdowns_per_day: 0, evals: false}}
@@ -67,6 +67,8 @@ episodes:
 SLOW_FOR_S = 2 * 3600.0  # the straggler's slowdown covers the history's last two hours
 HOURS = 6.0
 SLOW_NODE = "node-005"
+# The job's pods run in this namespace (tenant): every GPU is allocated while its node is up.
+NAMESPACE = "ml-research"
 FAULTY_NODE = "node-009"
 
 
@@ -155,6 +157,7 @@ def fed_prometheus(
             slow=minutes - 120,
             flap=minutes - 90,
             off_bus=minutes - 45,
+            namespace=NAMESPACE,
         )
     )
     scenario = load_scenario(str(scenario_path))
@@ -204,7 +207,7 @@ def fed_prometheus(
             cluster.spec.job,
             Inliner.from_files(rules),
             {"training_job": cluster.spec.job, "pp_stage": ".*", "node": FAULTY_NODE,
-             "gpu": ".*", "cluster": ".*", "source": ".*"},
+             "gpu": ".*", "cluster": ".*", "source": ".*", "namespace": ".*"},
             hours,
         )  # fmt: skip
         server = prometheus

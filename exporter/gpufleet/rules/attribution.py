@@ -76,13 +76,17 @@ def attribution_records(config: RulesConfig) -> list[Record]:
     jobs = metric(presence, sel, 'hpc_job!=""')
     pod_labels = ", ".join(POD_LABELS)
     unique_pods, unique_jobs = series.allocation_unique, series.job_unique
+    # A pod that is the scrape target itself (the exporter's, put on a series that has no
+    # pod of its own by the Prometheus Operator's target labels) holds no GPU.
+    held = f"{allocation_info} unless on (instance, job, namespace, pod) {metric('up', sel)}"
+    labelled = f"{pods} unless on (instance, job, namespace, pod) {metric('up', sel)}"
     return [
         Record(
             series.allocation,
             f"group by ({GPU_KEY}, {pod_labels}, training_job) (\n"
-            f"  {with_node(allocation_info, node_labels)}\n)\n"
+            f"  {with_node(f'({held})', node_labels)}\n)\n"
             f"or group by ({GPU_KEY}, {pod_labels}) (\n"
-            f"  {with_node(f'{pods} unless on (UUID) {allocation_info}', node_labels)}\n)",
+            f"  {with_node(f'({labelled}) unless on (UUID) {allocation_info}', node_labels)}\n)",
         ),
         Record(unique_pods, _unique(series.allocation, "namespace")),
         Record(

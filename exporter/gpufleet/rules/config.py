@@ -273,9 +273,10 @@ _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 60480
 # four intervals too).
 WINDOW_SCRAPES = 4
 # The windows short enough for a scrape interval to reach (the others are 5 minutes or
-# more): a site file that sets scrape_interval_seconds and not these gets them at
+# more; attribution_memory, 5 minutes, is how long a pod gone from a GPU is still seen
+# to hold it): a site file that sets scrape_interval_seconds and not these gets them at
 # WINDOW_SCRAPES intervals where their default is shorter.
-SCRAPE_DERIVED_WINDOWS = ("step_window", "job_slowdown_untimed_step_window")
+SCRAPE_DERIVED_WINDOWS = ("step_window", "job_slowdown_untimed_step_window", "attribution_memory")
 
 
 def duration_seconds(text: str) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpufleet.rules.attribution import AttributionSeries
 from gpufleet.rules.common import NODE_STAGE, Alert, Group, Record, SeriesNames, metric, with_node
 from gpufleet.rules.config import RulesConfig
 
@@ -16,6 +17,10 @@ class DashboardSeries(SeriesNames):
     # which node each GPU is on; GPUs reporting per node; fleet utilisation and power
     gpu_node: str = "gpu:gpufleet_gpu_node:info"
     node_gpus: str = "node:gpufleet_gpus_reporting:count"
+    # every GPU, with the namespace (tenant) of each pod holding it (none: unallocated);
+    # every training job, with the namespace its ranks report from (none: not on Kubernetes)
+    gpu_tenant: str = "gpu:gpufleet_gpu_tenant:info"
+    job_tenant: str = "job:gpufleet_training_tenant:info"
     fleet_util: str = "fleet:DCGM_FI_DEV_GPU_UTIL:avg"
     fleet_power: str = "fleet:DCGM_FI_DEV_POWER_USAGE:sum"
     # per node-stage and phase
@@ -34,6 +39,9 @@ def dashboard_support_group(config: RulesConfig) -> Group:
     series = DashboardSeries.of(config)
     ckpt_by = "training_job, node, op"
     exclusions = metric("gpufleet_fleet_node_exclusions_total", fleet)
+    steps = metric("gpufleet_training_steps_total", agent)
+    own = metric("up", agent)
+    reported = f"group by (training_job, namespace) ({steps} unless on (instance, job, namespace, pod) {own})"
     saves = metric("gpufleet_checkpoint_operations_total", agent, 'op="save"')
     phases = "\n  or ".join(
         f"label_replace(rate({metric(f'gpufleet_training_{name}_seconds_total', agent)}[{w}]), "
@@ -51,6 +59,19 @@ def dashboard_support_group(config: RulesConfig) -> Group:
         Record(
             series.gpu_node,
             f"group by (node, gpu, UUID) (\n  {with_node(metric('gpufleet_gpu_up', gpus) + ' or ' + metric('DCGM_FI_DEV_GPU_TEMP', gpus), config.node_labels)}\n)",
+        ),
+        # The dashboards' namespace variable filters GPU panels through it: "All" (.*)
+        # matches the unallocated GPUs too, which have no namespace label.
+        Record(
+            series.gpu_tenant,
+            f"group by (node, gpu, UUID, namespace) ({AttributionSeries.of(config).allocation})\n"
+            f"or ({series.gpu_node} unless on (UUID) {AttributionSeries.of(config).allocation})",
+        ),
+        # A job's namespace as its ranks report it; the agent's own (a target label where
+        # the ranks send none) is none, and such a job is listed without one.
+        Record(
+            series.job_tenant,
+            f"{reported}\nor (group by (training_job) ({steps}) unless on (training_job) {reported})",
         ),
         Record(
             series.node_gpus,

@@ -27,7 +27,10 @@ import yaml
 
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _STRING = re.compile(r""""(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|`[^`]*`""")
-_MATCHER = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
+# an equality matcher, or a regex one whose value is a plain name (a dashboard variable
+# set to one value): both select that one value
+_MATCHER = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=~?\s*"((?:[^"\\]|\\.)*)"\s*,?')
+_PLAIN = re.compile(r"[a-zA-Z0-9_:-]*")
 
 
 class InlineError(ValueError):
@@ -63,7 +66,8 @@ def _parse_matchers(text: str) -> dict[str, str]:
     position = 0
     while position < len(text):
         match = _MATCHER.match(text, position)
-        if not match:
+        regex = "=~" in match.group(0) if match else False
+        if not match or (regex and not _PLAIN.fullmatch(match.group(2))):
             raise InlineError(f"only equality matchers can be inlined: {{{text}}}")
         matchers[match.group(1)] = match.group(2)
         position = match.end()

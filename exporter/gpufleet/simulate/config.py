@@ -106,6 +106,16 @@ class ClusterSpec:
     report_ranks: str = "all"  # "all", or "tp0": only tensor-parallel rank 0 of each TP group
     step_only: bool = False  # ranks send only the step time (the agent counts it as compute)
     comm_overlap: float = 0.0  # share of the healthy collective time hidden behind compute
+    # The Kubernetes namespace (tenant) of the job's pods, one pod per node: the agent's
+    # gpufleet_gpu_allocation_info for each GPU the job holds, and namespace / pod on its
+    # training series. Empty: no pods (a Slurm or bare-metal job), no such series.
+    namespace: str = ""
+
+    def pod_labels(self, slot: int) -> list[tuple[str, str]]:
+        """The namespace and pod of the job's pod on its node ``slot``, if it has pods."""
+        return (
+            [("namespace", self.namespace), ("pod", f"{self.job}-{slot}")] if self.namespace else []
+        )
 
     def check(self, where: str = "cluster") -> None:
         """Raise ScenarioError for reporting settings no job could have."""

@@ -55,6 +55,8 @@ from gpufleet.simulate.faults import CAUSES_BY_NAME, Effect, Kind
 from gpufleet.simulate.serve import MODEL, PCI_BUS_IDS
 
 JOB_LABEL = "gpufleet-agent"
+# the labels of a GPU series that gpufleet_gpu_allocation_info keeps (its identity)
+_ALLOCATION_GPU_LABELS = frozenset({cat.NODE_LABEL, "gpu", "UUID", "instance", "job"})
 _THROTTLE_FLAGS = (
     ("hw_slowdown", HW_SLOWDOWN),
     ("hw_thermal_slowdown", HW_THERMAL),
@@ -308,6 +310,31 @@ class _Writer(OpenMetricsWriter):
             self.series(sample, labels, values[where].tolist(), [stamps[i] for i in where.tolist()])
 
 
+def allocation_labels(
+    spec: ClusterSpec, slot: int, gpu_labels: list[tuple[str, str]]
+) -> list[tuple[str, str]]:
+    """gpufleet_gpu_allocation_info's labels for GPU ``gpu_labels`` held by the job's pod
+    on its node ``slot``: the GPU's node, index and UUID, the pod, its container and job."""
+    identity = [(name, value) for name, value in gpu_labels if name in _ALLOCATION_GPU_LABELS]
+    return [*identity, *spec.pod_labels(slot), ("container", "trainer"), ("training_job", spec.job)]
+
+
+def write_allocations(
+    out: _Writer, spec: ClusterSpec, recorder: _Recorder
+) -> list[list[tuple[str, str]]]:
+    """A job with pods: they hold every GPU of their nodes while the agent answers there.
+    Each node's pod labels for its training series (none for a job without pods)."""
+    cluster = recorder.cluster
+    if spec.namespace:
+        out.declare(cat.ALLOCATION_INFO)
+    for column, node in enumerate(recorder.nodes if spec.namespace else ()):
+        held = np.where(recorder.up[:, column] == 1, 1.0, np.nan)
+        for gpu in range(cluster.gpus):
+            labels = allocation_labels(spec, node, _gpu_labels(cluster, node, gpu))
+            out.present(cat.ALLOCATION_INFO.name, labels, held)
+    return [spec.pod_labels(node) for node in recorder.nodes]
+
+
 def _write_shard(recorder: _Recorder, path: Path) -> int:
     cluster = recorder.cluster
     with open(path, "w", encoding="utf-8", buffering=1 << 20) as handle:
@@ -353,6 +380,7 @@ def _write_shard(recorder: _Recorder, path: Path) -> int:
             )
 
         job = cluster.spec.job
+        pods = write_allocations(out, cluster.spec, recorder)
         for metric, attr in _NODE_TRAINING:
             out.declare(metric)
             for column, node in enumerate(recorder.nodes):
@@ -360,6 +388,7 @@ def _write_shard(recorder: _Recorder, path: Path) -> int:
                     ("training_job", job),
                     ("node", names[column]),
                     ("pp_stage", str(cluster.stage[node])),
+                    *pods[column],
                     *node_labels[column],
                 ]
                 out.present(metric.name, labels, recorder.node_series[attr][:, column])
@@ -372,6 +401,7 @@ def _write_shard(recorder: _Recorder, path: Path) -> int:
                         ("node", names[column]),
                         ("pp_stage", str(cluster.stage[node])),
                         ("rank", str(node * cluster.gpus + gpu)),
+                        *pods[column],
                         *node_labels[column],
                     ]
                     out.present(metric.name, labels, recorder.rank_series[attr][:, column, gpu])
@@ -382,6 +412,7 @@ def _write_shard(recorder: _Recorder, path: Path) -> int:
                 ("node", names[column]),
                 ("op", "save"),
                 ("outcome", "ok"),
+                *pods[column],
                 *node_labels[column],
             ]
             out.present(ts.CHECKPOINT_OPERATIONS.name, labels, recorder.ckpt_ok[:, column])
@@ -392,6 +423,7 @@ def _write_shard(recorder: _Recorder, path: Path) -> int:
                     ("training_job", job),
                     ("node", names[column]),
                     ("op", "save"),
+                    *pods[column],
                     *node_labels[column],
                 ]
                 out.present(metric.name, labels, recorder.node_series[attr][:, column])

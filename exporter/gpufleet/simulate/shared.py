@@ -46,6 +46,7 @@ from gpufleet.simulate.history import (
     HistoryRun,
     _Recorder,
     _Writer,
+    allocation_labels,
     wants_rank_series,
     write_ground_truth_data,
     write_shards,
@@ -430,6 +431,7 @@ def _write_hardware(out: _Writer, shared: SharedCluster, views: list[_NodeView])
         for gpu in range(gpus):
             values = view.hardware(lambda s, g=gpu: s.recorder.gpu_up[:, s.column, g], 1.0)
             out.present(cat.GPU_UP.name, view.gpu_labels(gpu), values)
+    _write_allocations(out, shared, views)
     out.declare(cat.SM_CLOCK)
     for view in views:
         for gpu in range(gpus):
@@ -455,6 +457,25 @@ def _write_hardware(out: _Writer, shared: SharedCluster, views: list[_NodeView])
     for view in views:
         values = view.hardware(lambda s: s.recorder.agent_started[:, s.column], np.nan)
         out.present(agent_schema.AGENT_START_TIME.name, view.labels, values)
+
+
+def _write_allocations(out: _Writer, shared: SharedCluster, views: list[_NodeView]) -> None:
+    """The pods of jobs with a namespace hold every GPU of a node while the job is placed
+    there and the node answers (a pod per job and node, named after the node)."""
+    specs = {job.spec.job: job.spec for job in shared.jobs}
+    if not any(spec.namespace for spec in specs.values()):
+        return
+    out.declare(cat.ALLOCATION_INFO)
+    for view in views:
+        for segment in view.segments:
+            spec = specs[segment.job]
+            if not spec.namespace:
+                continue
+            up = segment.recorder.up[:, segment.column] == 1
+            held = np.where(segment.mask & up, 1.0, np.nan)
+            for gpu in range(shared.gpus):
+                labels = allocation_labels(spec, view.node, view.gpu_labels(gpu))
+                out.present(cat.ALLOCATION_INFO.name, labels, held)
 
 
 def _node_attr(attr: str) -> Callable[[_Segment], np.ndarray]:
@@ -486,12 +507,14 @@ def _job_key(segment: _Segment) -> str:
 def _write_training(out: _Writer, shared: SharedCluster, views: list[_NodeView]) -> None:
     """Training and checkpoint series, labelled with the job and stage served at the time."""
     gpus = shared.gpus
+    specs = {job.spec.job: job.spec for job in shared.jobs}
     for metric, attr in _NODE_TRAINING:
         out.declare(metric)
         for view in views:
             for (job, stage), values in view.grouped(_stage_key, _node_attr(attr)):
                 labels = [("training_job", job), ("node", view.name), ("pp_stage", str(stage))]
-                out.present(metric.name, [*labels, *view.labels], values)
+                pod = specs[job].pod_labels(view.node)
+                out.present(metric.name, [*labels, *pod, *view.labels], values)
     ranked = any(s.recorder.rank_series for view in views for s in view.segments)
     for metric, attr in _RANK_TRAINING if ranked else ():
         out.declare(metric)
@@ -505,19 +528,22 @@ def _write_training(out: _Writer, shared: SharedCluster, views: list[_NodeView])
                         ("node", view.name),
                         ("pp_stage", str(stage)),
                         ("rank", str(slot * gpus + gpu)),
+                        *specs[job].pod_labels(view.node),
                     ]
                     out.present(metric.name, [*labels, *view.labels], values)
     out.declare(ts.CHECKPOINT_OPERATIONS)
     for view in views:
         for job, values in view.grouped(_job_key, lambda s: s.recorder.ckpt_ok[:, s.column]):
             labels = [("training_job", job), ("node", view.name), ("op", "save"), ("outcome", "ok")]
-            out.present(ts.CHECKPOINT_OPERATIONS.name, [*labels, *view.labels], values)
+            pod = specs[job].pod_labels(view.node)
+            out.present(ts.CHECKPOINT_OPERATIONS.name, [*labels, *pod, *view.labels], values)
     for metric, attr in _NODE_CHECKPOINT:
         out.declare(metric)
         for view in views:
             for job, values in view.grouped(_job_key, _node_attr(attr)):
                 labels = [("training_job", job), ("node", view.name), ("op", "save")]
-                out.present(metric.name, [*labels, *view.labels], values)
+                pod = specs[job].pod_labels(view.node)
+                out.present(metric.name, [*labels, *pod, *view.labels], values)
 
 
 def _counter_of(name: str) -> Callable[[_Segment, int], np.ndarray]:
