@@ -532,9 +532,45 @@ def test_a_training_client_s_pod_puts_its_job_on_the_pod_s_gpus(
     worker = allocations(text)["llm-7b-worker-0"]
     assert worker["training_job"] == "llm-7b"
     assert "training_job" not in allocations(text)["notebook"]  # no client said it
-    # the training series themselves are unchanged: the join is on allocation_info
+    # the job's training series carry its namespace and pod too
     steps = [s for s in samples_of(text) if s.name == "gpufleet_training_steps_total"]
-    assert steps and all("pod" not in s.labels for s in steps)
+    assert [(s.labels["namespace"], s.labels["pod"]) for s in steps] == [
+        ("team-a", "llm-7b-worker-0")
+    ]
+    training = [s for s in samples_of(text) if s.labels.get("training_job") == "llm-7b"]
+    assert training and all(s.labels.get("pod") == "llm-7b-worker-0" for s in training)
+
+
+def test_a_job_s_series_name_its_pod_only_when_one_pod_runs_it_here() -> None:
+    from gpufleet.agent.training_pods import TrainingPods
+
+    now = [0.0]
+    pods = TrainingPods(ttl_s=60, clock=lambda: now[0])
+
+    class Event:
+        def __init__(self, job: str) -> None:
+            self.training_job = job
+
+    def heard(namespace: str, pod: str, job: str) -> None:
+        headers = {"X-Gpufleet-Namespace": namespace, "X-Gpufleet-Pod": pod}
+        pods.note(headers, [Event(job)])
+
+    heard("team-a", "solo-0", "solo")
+    heard("team-a", "wide-0", "wide")  # eight single-GPU pods of one job on this node
+    heard("team-a", "wide-1", "wide")
+    heard("team-a", "odd-0", "odd")
+    heard("team-b", "odd-1", "odd")  # one job name in two namespaces: neither is said
+    pods.note({"X-Gpufleet-Namespace": "Bad_NS", "X-Gpufleet-Pod": "p"}, [Event("bad")])
+    pods.note({}, [Event("off-kubernetes")])
+    assert pods.labels_by_job() == {
+        "solo": (("namespace", "team-a"), ("pod", "solo-0")),
+        "wide": (("namespace", "team-a"),),
+    }
+    version, by_pod = pods.current()
+    assert by_pod[("team-a", "solo-0")] == "solo"
+    now[0] = 61.0  # the job TTL passes without a word from any of them
+    assert pods.current() == (version + 1, {})
+    assert pods.labels_by_job() == {}
 
 
 def test_the_client_reads_its_pod_from_the_downward_api(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -22,7 +22,7 @@ from gpufleet.agent.pod_resources import DEFAULT_SOCKET, PodResourcesRefresher
 from gpufleet.agent.selfmetrics import AgentSelfCollector, ScrapeStats
 from gpufleet.agent.training_aggregate import IngestLimits, TrainingAggregator
 from gpufleet.agent.training_ingest import IngestApi
-from gpufleet.agent.training_pods import TrainingPods
+from gpufleet.agent.training_pods import PodLabelledTraining, TrainingPods
 from gpufleet.gpu.attribution import Attribution, GpuIdType
 from gpufleet.gpu.reader import CallErrors, NvmlApi, NvmlReader
 from gpufleet.gpu.render import GpuExpositionCache
@@ -151,7 +151,8 @@ class Agent:
             self._cache = GpuExpositionCache(
                 self.sampler, self.xids, settings.node_label, self.attribution
             )
-        self.registry.register(self.training)
+        # the training series, with the namespace and pod their clients name
+        self.registry.register(PodLabelledTraining(self.training, self.training_pods))
         self.registry.register(
             AgentSelfCollector(
                 settings.node,

@@ -3,16 +3,24 @@
 A client that knows its pod (the downward API; ``gpufleet/reporter/pod.py``) sends it
 with each request in two headers. The agent keeps (namespace, pod) -> training_job for
 as long as the job keeps reporting (the ingest's job TTL), so that
-``gpufleet_gpu_allocation_info`` can name the training job on a pod's GPUs. Bounded:
-at most ``max_pods`` pods, the least recently heard from dropped first.
+``gpufleet_gpu_allocation_info`` can name the training job on a pod's GPUs, and the
+job's training series carry ``namespace`` and ``pod`` (:class:`PodLabelledTraining`).
+Bounded: at most ``max_pods`` pods, the least recently heard from dropped first.
+
+A job's series on a node are per stage, not per rank, so they can name one pod only
+when one pod runs the job here: with several (single-GPU pods, say) its series carry
+the namespace they share and no ``pod``, rather than one pod picked among them.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
+
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from gpufleet.reporter.pod import NAMESPACE_HEADER, NAMESPACE_NAME, POD_HEADER, POD_NAME
 
@@ -75,3 +83,44 @@ class TrainingPods:
     def _changed(self) -> None:
         self._view = MappingProxyType({key: job for key, (job, _) in self._jobs.items()})
         self.version += 1
+
+    def labels_by_job(self) -> dict[str, tuple[tuple[str, str], ...]]:
+        """training_job -> the pod labels its series carry: the namespace its pods share,
+        and the pod when one pod runs it here."""
+        _, pods = self.current()
+        by_job: dict[str, set[tuple[str, str]]] = {}
+        for key, job in pods.items():
+            by_job.setdefault(job, set()).add(key)
+        labels: dict[str, tuple[tuple[str, str], ...]] = {}
+        for job, keys in by_job.items():
+            namespaces = {namespace for namespace, _ in keys}
+            if len(namespaces) != 1:
+                continue  # one job in two namespaces: say neither
+            (namespace,) = namespaces
+            if len(keys) == 1:
+                ((_, pod),) = keys
+                labels[job] = (("namespace", namespace), ("pod", pod))
+            else:
+                labels[job] = (("namespace", namespace),)
+        return labels
+
+
+class PodLabelledTraining(Collector):
+    """A training collector's families, each series of a job whose pod is known carrying
+    ``namespace`` (and ``pod``); the rest unchanged."""
+
+    def __init__(self, training: Collector, pods: TrainingPods) -> None:
+        self._training = training
+        self._pods = pods
+
+    def collect(self) -> Iterator[Metric]:
+        labels = self._pods.labels_by_job()
+        for metric in self._training.collect():
+            if labels:
+                metric.samples = [
+                    sample._replace(labels={**sample.labels, **dict(extra)})
+                    if (extra := labels.get(sample.labels.get("training_job", "")))
+                    else sample
+                    for sample in metric.samples
+                ]
+            yield metric
