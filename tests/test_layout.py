@@ -16,6 +16,8 @@ from gpufleet.agent.training_aggregate import IngestLimits
 from gpufleet.client import Reporter
 from gpufleet.devstack import wait_until
 from gpufleet.reporter.layout import ParallelGroup, from_sizes, sizes_from_environment
+from gpufleet.rules.build import as_document, rule_files
+from gpufleet.rules.config import ConfigError, RulesConfig, config_from_mapping
 
 SIZE = "gpufleet_training_parallel_group_size"
 
@@ -238,3 +240,34 @@ def test_the_group_record_names_its_fields_as_the_agent_does() -> None:
     from gpufleet.agent.training_events import ParallelGroup as AgentGroup
 
     assert list(ParallelGroup._fields) == list(AgentGroup.model_fields)
+
+
+# -- the rules' knobs ------------------------------------------------------------------
+
+
+def tp_alert(config: RulesConfig) -> dict[str, Any]:
+    (layout_file,) = [f for f in rule_files(config) if f.name == "layout"]
+    document = as_document(layout_file, config)
+    return next(
+        rule
+        for group in document["groups"]
+        for rule in group["rules"]
+        if rule.get("alert") == "GpuFleetTensorParallelAcrossNodes"
+    )
+
+
+def test_the_site_config_sets_the_tp_alerts_severity_and_hold() -> None:
+    assert tp_alert(RulesConfig())["labels"]["severity"] == "warning"
+    site = config_from_mapping(
+        {"tp_across_nodes_severity": "critical", "tp_across_nodes_for": "5m"}
+    )
+    alert = tp_alert(site)
+    assert (alert["labels"]["severity"], alert["for"]) == ("critical", "5m")
+    # a per-alert override still wins
+    both = config_from_mapping(
+        {"tp_across_nodes_severity": "critical",
+         "severities": {"GpuFleetTensorParallelAcrossNodes": "info"}}
+    )  # fmt: skip
+    assert tp_alert(both)["labels"]["severity"] == "info"
+    with pytest.raises(ConfigError, match="tp_across_nodes_severity must be critical, warning or"):
+        config_from_mapping({"tp_across_nodes_severity": "page"}, "site.yaml")
