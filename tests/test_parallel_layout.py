@@ -12,6 +12,7 @@ to the client: it finds the layout itself after their first step."""
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import textwrap
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,7 @@ from gpufleet.devstack import (
     static_scrape_config,
     wait_until,
 )
+from gpufleet.rules.config import RulesConfig, duration_seconds
 
 pytest.importorskip("torch")
 
@@ -44,7 +47,8 @@ TORCHRUN_TIMEOUT_S = 120  # two launchers and four ranks beside busy cores
 PAGE_WITHIN_S = 120.0  # the issue's budget, from the job's start to the page
 ALERT = "GpuFleetTensorParallelAcrossNodes"
 
-# argv: the mesh's dimension names in order ("dp,tp"), or "none" for no mesh; a file where
+# argv: the mesh's dimension names in order ("dp,tp"), "none" for no mesh, or "megatron:N"
+# for Megatron-Core's parallel_state with tensor parallelism N (no mesh); a file where
 # rank 0 writes when training began (the process group made: what a page is timed from).
 WORKER = textwrap.dedent(
     """
@@ -63,9 +67,13 @@ WORKER = textwrap.dedent(
         Path(sys.argv[2]).write_text(repr(time.time()))
     reporter = Reporter()  # the agent from GPUFLEET_AGENT_URL, the job from torchrun
     names = sys.argv[1]
-    mesh = None if names == "none" else init_device_mesh(
-        "cpu", (2, 2), mesh_dim_names=tuple(names.split(","))
-    )
+    mesh = None
+    if names.startswith("megatron:"):
+        from megatron.core import parallel_state
+
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=int(names[9:]))
+    elif names != "none":
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=tuple(names.split(",")))
     for _ in range(3):
         with reporter.step(tokens=1):
             dist.all_reduce(torch.ones(1))
@@ -148,9 +156,15 @@ class Cluster:
         ]
 
     def wait_firing(self, job: str, began: float) -> dict[str, Any]:
+        """The job's alert, once firing; it must have fired within PAGE_WITHIN_S of the
+        job's start (pending since activeAt, firing ``for`` later)."""
         budget = max(1.0, began + PAGE_WITHIN_S - time.time())
         (alert,) = wait_until(lambda: self.firing(job), budget, 0.5, what=f"{ALERT} for {job}")
-        print(f"{ALERT} for {job}: firing {time.time() - began:.0f} s after training began")
+        whole, _, fraction = alert["activeAt"].rstrip("Z").partition(".")
+        pending = datetime.fromisoformat(f"{whole}.{fraction[:6] or 0}+00:00").timestamp()
+        fired = pending + duration_seconds(RulesConfig().tp_across_nodes_for) - began
+        print(f"{ALERT} for {job}: fired {fired:.0f} s after training began")
+        assert fired <= PAGE_WITHIN_S
         return alert
 
     def tp_groups(self, job: str) -> dict[str, float]:
@@ -204,6 +218,12 @@ def jobs(cluster: Cluster) -> dict[str, float]:
         "tp-straddling": cluster.run_job("tp-straddling", "tp,dp"),
         # no mesh: tp 4 from the environment, ranks 0-3 on two nodes
         "tp-explicit": cluster.run_job("tp-explicit", "none", GPUFLEET_TP_SIZE="4"),
+        # Megatron-Core's own groups, tp 4 (where it is installed: not a dependency)
+        **(
+            {"tp-megatron": cluster.run_job("tp-megatron", "megatron:4")}
+            if importlib.util.find_spec("megatron") is not None
+            else {}
+        ),
     }
 
 
@@ -221,6 +241,14 @@ def test_tp_from_the_environment_pages_the_same(cluster: Cluster, jobs: dict[str
     alert = cluster.wait_firing("tp-explicit", jobs["tp-explicit"])
     assert alert["labels"]["group"] == "tp"
     assert cluster.tp_groups("tp-explicit") == {"0": 2.0}
+
+
+def test_megatron_cores_groups_page_the_same(cluster: Cluster, jobs: dict[str, float]) -> None:
+    if "tp-megatron" not in jobs:
+        pytest.skip("megatron-core is not installed (it is no dependency of gpufleet)")
+    alert = cluster.wait_firing("tp-megatron", jobs["tp-megatron"])
+    assert alert["labels"]["group"] == "tp"
+    assert cluster.tp_groups("tp-megatron") == {"0": 2.0}
 
 
 def test_tp_inside_each_node_pages_nothing(cluster: Cluster, jobs: dict[str, float]) -> None:

@@ -172,7 +172,8 @@ def from_megatron() -> Layout | None:
             if process_group is None:
                 continue
             members = dist.get_process_group_ranks(process_group)
-            groups.append(ParallelGroup(kind, len(members), members.index(rank), min(members)))
+            if len(members) > 1:  # Megatron makes every kind's groups, of one rank if unused
+                groups.append(ParallelGroup(kind, len(members), members.index(rank), min(members)))
     except Exception as error:  # noqa: BLE001 - a version that differs must not break training
         log.warning("gpufleet: cannot read Megatron-Core's parallel_state (%s)", error)
         return None
