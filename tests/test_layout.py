@@ -130,6 +130,19 @@ def test_bad_groups_are_refused_naming_the_field(
     assert sizes(node) == {}
 
 
+def test_a_later_attempt_on_other_ranks_fits_the_cap_the_earlier_one_filled(
+    node: TestClient,
+) -> None:
+    earlier = [dict(layout(rank), groups=[]) for rank in range(4)]  # cap: 4
+    assert node.post("/v1/layout", json={"events": earlier}).status_code == 202
+    later = [dict(layout(rank + 4, attempt=1), groups=[]) for rank in range(4)]
+    assert node.post("/v1/layout", json={"events": later}).status_code == 202, "refused"
+    tp = [layout(4, attempt=1)]
+    tp[0]["groups"][1]["group_rank"] = 0  # rank 4 in a dp group of 2 made of ranks 4, 6
+    assert node.post("/v1/layout", json={"events": tp}).status_code == 202
+    assert {key[:3] for key in sizes(node)} == {("4", "1", "tp"), ("4", "1", "dp")}
+
+
 def test_a_kind_twice_and_ranks_beyond_the_cap_are_refused(node: TestClient) -> None:
     event = layout(0)
     event["groups"].append(dict(event["groups"][0]))

@@ -386,10 +386,18 @@ class TrainingAggregator(Collector):
         new_jobs = {e.training_job for e in batch.events if e.training_job not in jobs}
         self._check_jobs(new_jobs, len(batch.events))
         ranks: dict[str, set[int]] = {}
+        attempts: dict[str, int] = {}
         for event in batch.events:
-            job = jobs.get(event.training_job)
-            known = ranks.setdefault(event.training_job, set(job.layout) if job else set())
-            known.add(event.rank)
+            name, attempt = event.training_job, event.attempt or 0
+            if name not in ranks:
+                job = jobs.get(name)
+                layout = job.layout if job else {}
+                ranks[name] = set(layout)
+                attempts[name] = max((e.attempt or 0 for e in layout.values()), default=0)
+            if attempt > attempts[name]:  # a later attempt: what is here now is forgotten
+                ranks[name], attempts[name] = set(), attempt
+            if attempt == attempts[name]:
+                ranks[name].add(event.rank)
         for name, known in sorted(ranks.items()):
             if len(known) > self.limits.max_ranks_per_stage:
                 self._refuse(

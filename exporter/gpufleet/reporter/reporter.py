@@ -596,6 +596,7 @@ class Reporter:
         self._idle = threading.Condition()
         self._in_flight = 0
         self._forget_attempt()  # the child is not the attempt (attempts.py)
+        self._layout_discover, self._layout_outbox = False, None  # nor the rank's layout
 
     def _run(self) -> None:
         backoff = 0.0
