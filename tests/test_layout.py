@@ -284,3 +284,34 @@ def test_the_site_config_sets_the_tp_alerts_severity_and_hold() -> None:
     assert tp_alert(both)["labels"]["severity"] == "info"
     with pytest.raises(ConfigError, match="tp_across_nodes_severity must be critical, warning or"):
         config_from_mapping({"tp_across_nodes_severity": "page"}, "site.yaml")
+
+
+# What the README states as the worst case when layouts fill the series cap.
+DOCUMENTED_MAX_LAYOUT_SCRAPE_BYTES = 2_600_000
+
+
+def test_layouts_at_every_cap_stay_within_the_documented_series_and_bytes() -> None:
+    agent = Agent(AgentSettings(node="n" * 63, gpu_source="none"))
+    agent.open()
+    limits = agent.settings.limits
+    refused = 0
+    with TestClient(agent.asgi(), client=("127.0.0.1", 50000)) as client:
+        for job in range(limits.max_jobs + 1):
+            name = f"{job:03d}" + "j" * 125
+            for rank in range(limits.max_ranks_per_stage + 1):
+                groups = [
+                    {"group": f"g{kind}" + "x" * 14, "size": 1 << 20, "group_rank": (1 << 20) - 1,
+                     "group_first_rank": 1 << 20}
+                    for kind in range(8)
+                ]  # fmt: skip
+                event = {"training_job": name, "rank": (1 << 20) - rank, "attempt": 1_000_000,
+                         "nvlink_domain": "d" * 128, "groups": groups}  # fmt: skip
+                answer = client.post("/v1/layout", json={"events": [event]})
+                assert answer.status_code in (202, 429), answer.text
+                refused += answer.status_code == 429
+        scrape = client.get("/metrics").content
+    assert refused > 0  # the caps were reached
+    assert agent.training.series <= limits.max_series
+    training = [line for line in scrape.splitlines() if line.startswith(b"gpufleet_training")]
+    assert len(training) <= limits.max_series
+    assert len(scrape) <= DOCUMENTED_MAX_LAYOUT_SCRAPE_BYTES, len(scrape)
