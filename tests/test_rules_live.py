@@ -112,6 +112,7 @@ def test_a_straggler_and_an_xid_79_page_for_the_right_nodes_and_nothing_else(
     simulator, targets = start_simulated_cluster(tmp_path, serve_asgi)
     victoria = VictoriaMetricsServer(tmp_path / "vm").start()
     vmalert: VmalertServer | None = None
+    shards: list[PrometheusServer] = []
     try:
         manager = paged_alertmanager
         silent_manager = alertmanager_factory()  # the sharded path is compared, not paged
@@ -119,7 +120,7 @@ def test_a_straggler_and_an_xid_79_page_for_the_right_nodes_and_nothing_else(
         prometheus = prometheus_factory(
             scrape_configs=[scrape], rule_files=rules, alertmanager_urls=[manager.url]
         )
-        shards = [
+        shards += [
             prometheus_factory(
                 scrape_configs=[{**scrape, "relabel_configs": shard_relabeling(index, 2)}],
                 rule_files=shard_rules,
@@ -184,5 +185,9 @@ def test_a_straggler_and_an_xid_79_page_for_the_right_nodes_and_nothing_else(
     finally:
         if vmalert is not None:
             vmalert.stop()
+        # The shards before their remote-write target: a shard whose VictoriaMetrics is
+        # gone waits out its stop timeout flushing the queue (10 s each on Prometheus 3).
+        for shard in shards:
+            shard.stop()
         victoria.stop()
         simulator.stop()
