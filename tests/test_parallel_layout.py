@@ -47,8 +47,9 @@ TORCHRUN_TIMEOUT_S = 120  # two launchers and four ranks beside busy cores
 PAGE_WITHIN_S = 120.0  # the issue's budget, from the job's start to the page
 ALERT = "GpuFleetTensorParallelAcrossNodes"
 
-# argv: the mesh's dimension names in order ("dp,tp"), "none" for no mesh, or "megatron:N"
-# for Megatron-Core's parallel_state with tensor parallelism N (no mesh); a file where
+# argv: the mesh's dimension names in order ("dp,tp"), "none" for no mesh, "megatron:N" for
+# Megatron-Core's parallel_state with tensor parallelism N, or "deepspeed:N" for DeepSpeed's
+# pipeline grid with N model-parallel ranks per stage (no mesh); a file where
 # rank 0 writes when training began (the process group made: what a page is timed from).
 WORKER = textwrap.dedent(
     """
@@ -72,6 +73,17 @@ WORKER = textwrap.dedent(
         from megatron.core import parallel_state
 
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=int(names[9:]))
+    elif names.startswith("deepspeed:"):
+        import deepspeed
+        from deepspeed.runtime.pipe.topology import (
+            PipeModelDataParallelTopology,
+            PipelineParallelGrid,
+        )
+
+        deepspeed.init_distributed(dist_backend="gloo")
+        model = int(names[10:])
+        topology = PipeModelDataParallelTopology(num_pp=1, num_mp=model, num_dp=4 // model)
+        mesh = PipelineParallelGrid(topology=topology)  # what its PipelineEngine makes
     elif names != "none":
         mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=tuple(names.split(",")))
     for _ in range(3):
@@ -224,6 +236,12 @@ def jobs(cluster: Cluster) -> dict[str, float]:
             if importlib.util.find_spec("megatron") is not None
             else {}
         ),
+        # DeepSpeed's pipeline grid, 4 model-parallel ranks (where it is installed)
+        **(
+            {"tp-deepspeed": cluster.run_job("tp-deepspeed", "deepspeed:4")}
+            if importlib.util.find_spec("deepspeed") is not None
+            else {}
+        ),
     }
 
 
@@ -249,6 +267,14 @@ def test_megatron_cores_groups_page_the_same(cluster: Cluster, jobs: dict[str, f
     alert = cluster.wait_firing("tp-megatron", jobs["tp-megatron"])
     assert alert["labels"]["group"] == "tp"
     assert cluster.tp_groups("tp-megatron") == {"0": 2.0}
+
+
+def test_deepspeeds_pipeline_grid_pages_the_same(cluster: Cluster, jobs: dict[str, float]) -> None:
+    if "tp-deepspeed" not in jobs:
+        pytest.skip("deepspeed is not installed (it is no dependency of gpufleet)")
+    alert = cluster.wait_firing("tp-deepspeed", jobs["tp-deepspeed"])
+    assert alert["labels"]["group"] == "tp"
+    assert cluster.tp_groups("tp-deepspeed") == {"0": 2.0}
 
 
 def test_tp_inside_each_node_pages_nothing(cluster: Cluster, jobs: dict[str, float]) -> None:
