@@ -285,10 +285,10 @@ class Reporter:
         batch_size: events per request, at most ``MAX_BATCH_EVENTS`` (what the agent takes).
         enabled: False (or GPUFLEET_DISABLE=1) makes every call a no-op.
         tp_size, pp_size, cp_size, dp_size: the job's parallel sizes (default:
-            GPUFLEET_TP_SIZE...), used when neither Megatron-Core, DeepSpeed's pipeline grid
-            nor a DeviceMesh says them; ranks ordered tp-cp-dp-pp. The layout is found once, in the sender thread
-            after the first step, and sent once (``describe_layout``,
-            ``gpufleet.reporter.layout``).
+            GPUFLEET_TP_SIZE...), used when neither Megatron-Core, DeepSpeed's pipeline
+            grid nor a DeviceMesh says them; ranks ordered tp-cp-dp-pp. The layout is
+            found once, in the sender thread after the first step, and sent once
+            (``describe_layout``, ``gpufleet.reporter.layout``).
     """
 
     def __init__(
