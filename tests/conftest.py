@@ -11,9 +11,11 @@ promtool suites, the vmalert dry run, the webhook, the demo story and the dashbo
 live queries; the heavier live suites (dcgm fleets, scale-out) run on 3 alone, to keep
 `make test` in CI's time (issue 41). A test that asks for ``prometheus_major``
 (directly, or through ``prometheus_factory`` / ``alertmanager_factory``) carries it in its
-id (``[prom3]``); every test gets GPUFLEET_PROMETHEUS and PATH set to its major, so
-``find_binary``, a bare ``promtool`` and child processes all find the same binaries. The
-report header lists the exact versions of both.
+id (``[prom3]``), as does every marked test; a module fixture that starts one of those
+servers takes ``prometheus_major`` too, so that each major gets its own. Every test
+gets GPUFLEET_PROMETHEUS and PATH set to its major, so ``find_binary``, a bare
+``promtool`` and child processes all find the same binaries. The report header lists
+the exact versions of both.
 """
 
 from __future__ import annotations
@@ -72,6 +74,11 @@ def majors_of(node: pytest.Item | pytest.Function | Any) -> tuple[str, ...]:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    marked = metafunc.definition.get_closest_marker("prometheus") is not None
+    if marked and "prometheus_major" not in metafunc.fixturenames:
+        # A marked test runs once per major listed even when none of its fixtures asks
+        # for prometheus_major (its id still says which): the name joins its closure.
+        metafunc.fixturenames.append("prometheus_major")
     if "prometheus_major" in metafunc.fixturenames:
         # Module scope: a module's shared Prometheus (a module fixture) is started once
         # per major, and its tests are grouped by major.

@@ -198,7 +198,9 @@ episodes:
 
 
 @pytest.fixture(scope="module")
-def tenants(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FedPrometheus]:
+def tenants(
+    tmp_path_factory: pytest.TempPathFactory, prometheus_major: str
+) -> Iterator[FedPrometheus]:
     """The tenants' cluster backfilled, with the rules evaluated live: the tenant records
     exist at the present, so the queries below run as Grafana sends them (not inlined)."""
     workdir = tmp_path_factory.mktemp("tenants")
