@@ -15,7 +15,12 @@ from gpufleet.agent.app import Agent, AgentSettings
 from gpufleet.agent.training_aggregate import IngestLimits
 from gpufleet.client import Reporter
 from gpufleet.devstack import wait_until
-from gpufleet.reporter.layout import ParallelGroup, from_sizes, sizes_from_environment
+from gpufleet.reporter.layout import (
+    ParallelGroup,
+    from_sizes,
+    group_name,
+    sizes_from_environment,
+)
 from gpufleet.rules.build import as_document, rule_files
 from gpufleet.rules.config import ConfigError, RulesConfig, config_from_mapping
 
@@ -41,6 +46,22 @@ def test_sizes_that_do_not_make_the_world_report_nothing(caplog: pytest.LogCaptu
     assert from_sizes(0, 8, {"tp": 2, "dp": 2}) is None  # 2 x 2 is not 8
     assert "do not make a world of 8 ranks" in caplog.text
     assert from_sizes(0, 8, {}) is None
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("tp", "tp"),
+        ("tensor_parallel", "tp"),  # Lightning's ModelParallelStrategy
+        ("data_parallel", "dp"),
+        ("Pipeline-Parallel", "pp"),
+        ("dp_shard", "dp_shard"),  # torchtitan's, kept as named
+        ("a name far too long for a label", None),
+        ("0", None),
+    ],
+)
+def test_mesh_dimension_names_as_group_kinds(name: str, kind: str | None) -> None:
+    assert group_name(name) == kind
 
 
 def test_sizes_from_the_environment() -> None:

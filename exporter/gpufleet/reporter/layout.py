@@ -71,6 +71,18 @@ _DEEPSPEED_GROUPS = (
     ("pp", "get_pipe_parallel_group"),
     ("dp", "get_data_parallel_group"),
 )
+# Dimension names frameworks give their meshes, as the kinds the rules know (Lightning's
+# ModelParallelStrategy: "data_parallel", "tensor_parallel"); others are kept as named.
+_KIND_ALIASES = {
+    "tensor_parallel": "tp",
+    "tensor": "tp",
+    "pipeline_parallel": "pp",
+    "pipeline": "pp",
+    "data_parallel": "dp",
+    "data": "dp",
+    "context_parallel": "cp",
+    "expert_parallel": "ep",
+}
 _DOMAIN_UNSAFE = re.compile(r"[^A-Za-z0-9._:@/+=-]")
 
 
@@ -90,9 +102,10 @@ class Layout(NamedTuple):
 
 
 def group_name(name: str) -> str | None:
-    """A DeviceMesh dimension's name as a group label (``tp``, ``dp_shard``); None when it
-    cannot be one."""
+    """A DeviceMesh dimension's name as a group label (``tp``, ``dp_shard``; Lightning's
+    ``tensor_parallel`` is ``tp``); None when it cannot be one."""
     cleaned = name.strip().lower().replace("-", "_")
+    cleaned = _KIND_ALIASES.get(cleaned, cleaned)
     return cleaned if GROUP_NAME.match(cleaned) else None
 
 
