@@ -81,14 +81,24 @@ def main() -> int:
 
         print(f"objects the collector tracks in this process: {len(gc.get_objects())}")
         ballast: list[list[int]] = []  # lists: tracked by the collector (tuples of ints are not)
+        looks: dict[int, float] = {}
         for objects in args.objects:
             ballast.extend([n] for n in range(objects - len(ballast)))
             walk = best_of(3, find_mesh)
             look = best_of(3, lambda: discover(0, {}))
+            looks[len(ballast)] = look
             print(
                 f"{len(ballast):>9} more objects: find_mesh {walk * 1e3:8.1f} ms, "
                 f"discover {look * 1e3:8.1f} ms (sender thread, once per attempt)"
             )
+        most = max(looks)
+        per_million = (looks[most] - looks[min(looks)]) / (most - min(looks)) * 1e6 if most else 0
+        print(
+            f"layout_describe_ms={described * 1e3:.3f} layout_first_step_us={steps[0] / 1e3:.2f} "
+            f"layout_later_step_median_us={statistics.median(steps[1:]) / 1e3:.2f} "
+            f"layout_look_ms={looks[min(looks)] * 1e3:.1f} "
+            f"layout_look_ms_per_million_objects={per_million * 1e3:.1f}"
+        )
         return 0
     finally:
         dist.destroy_process_group()

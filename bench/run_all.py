@@ -23,6 +23,7 @@ HERE = Path(__file__).resolve().parent
 BENCHES: list[tuple[str, str, list[str], list[str] | None]] = [
     ("agent /metrics scrape", "agent_scrape.py", [], ["--scrapes", "300"]),
     ("client overhead per step", "client_overhead.py", [], ["--calls", "50000"]),
+    ("parallel layout, once per attempt", "layout_overhead.py", [], ["--objects", "0", "1000000"]),
     ("agent ingest", "ingest_throughput.py", [], ["--hours", "2"]),
     (
         "ledger: history, fsync'd writes",
