@@ -98,7 +98,7 @@ class ParallelGroup(NamedTuple):
 
 class Layout(NamedTuple):
     groups: tuple[ParallelGroup, ...]
-    source: str  # device_mesh, megatron, explicit
+    source: str  # megatron, deepspeed, device_mesh, explicit
 
 
 def group_name(name: str) -> str | None:

@@ -518,7 +518,13 @@ class Reporter:
     def _queue_layout(self, layout: Layout | None) -> None:
         self._layout_described = True
         if layout is None:
+            log.debug("gpufleet: no parallel layout found; GPUFLEET_TP_SIZE... can say it")
             return
+        log.info(
+            "gpufleet: parallel layout from %s: %s",
+            layout.source,
+            ", ".join(f"{group.group} {group.size}" for group in layout.groups),
+        )
         self._layout_outbox = layout_json(
             layout, self.training_job, self.rank, self.attempt, nvlink_domain()
         )
