@@ -189,9 +189,24 @@ class FakeNvml:
         with self._lock:
             self._devices[index]["mig_devices"] = list(mig_devices)
 
-    def inject_xid(self, index: int, xid: int) -> None:
+    def inject_xid(
+        self,
+        index: int,
+        xid: int,
+        gpu_instance: int | None = None,
+        compute_instance: int | None = None,
+    ) -> None:
+        """An XID event on GPU ``index``, attributed to a MIG GPU / compute instance as
+        NVML does in MIG mode (nvmlEventData_t; 0xFFFFFFFF where it names none)."""
+        none = 0xFFFFFFFF
         self._events.put(
-            FakeEventData(self._handles[index], pynvml.nvmlEventTypeXidCriticalError, xid)
+            FakeEventData(
+                self._handles[index],
+                pynvml.nvmlEventTypeXidCriticalError,
+                xid,
+                none if gpu_instance is None else gpu_instance,
+                none if compute_instance is None else compute_instance,
+            )
         )
 
     def hang(self, call: str) -> HangControl:
