@@ -19,10 +19,10 @@ from gpufleet.exposition import render
 from gpufleet.gpu import catalogue as cat
 from gpufleet.gpu.attribution import Attribution, PodAllocation, PodRef, gpu_key
 from gpufleet.gpu.fake import FakeNvml, bundled_fixture
-from gpufleet.gpu.reader import NvmlReader, mig_memory_gb
+from gpufleet.gpu.reader import CallErrors, NvmlReader, mig_memory_gb
 from gpufleet.gpu.render import gpu_families
 from gpufleet.gpu.snapshot import GpuReading, GpuSnapshot
-from gpufleet.gpu.xid import XidLedger
+from gpufleet.gpu.xid import XidLedger, XidWatcher
 
 MIB = 1024 * 1024
 # What NVML serves on a MIG device handle / per GPU instance (see fixtures/README.md)
@@ -408,3 +408,51 @@ def test_an_instance_whose_identity_failed_is_read_again_next_cycle(
     assert reader.errors.snapshot() == {("gpu", "nvmlDeviceGetGpuInstanceId"): 2}  # open, read
     mig_nvml.set_value(2, "nvmlDeviceGetGpuInstanceId", 0, mig=0)
     assert [r.identity.mig_profile for r in instances(reader.read(), 2)] == ["7g.80gb"]
+
+
+def test_an_xid_nvml_attributes_to_an_instance_names_it_and_its_pod(
+    mig_nvml: FakeNvml, mig_fixture: dict[str, Any]
+) -> None:
+    """NVML's XID event names the GPU instance it is attributable to (nvmlEventData_t's
+    gpuInstanceId; 0xFFFFFFFF for none): the counter keeps the parent GPU's labels and
+    adds GPU_I_ID, with that instance's pod only; the last XID stays the GPU's."""
+    errors = CallErrors()
+    reader = NvmlReader(mig_nvml, "node-a", errors=errors)
+    reader.open()
+    snapshot = reader.read()
+    ledger = XidLedger()
+    watcher = XidWatcher(mig_nvml, reader.handles, ledger, errors, poll_ms=50)
+    watcher.start()
+    try:
+        wait_until(lambda: ledger.view().watching, 5, what="watcher registered")
+        mig_nvml.inject_xid(0, 43, gpu_instance=8, compute_instance=0)
+        mig_nvml.inject_xid(0, 79)
+        wait_until(lambda: ledger.version >= 3, 5, what="two XIDs recorded")
+    finally:
+        watcher.stop()
+    history = ledger.view().by_uuid[parent(snapshot, 0).identity.uuid]
+    assert history.counts == {79: 1} and history.instance_counts == {(8, 43): 1}
+    assert history.last_xid == 79  # the GPU's last XID, whichever instance
+    gi7 = mig_fixture["devices"][0]["mig_devices"][0]["nvmlDeviceGetUUID"]
+    gi8 = mig_fixture["devices"][0]["mig_devices"][1]["nvmlDeviceGetUUID"]
+    pods = PodAllocation(
+        {
+            gpu_key(gi7): PodRef("team-a", "a-0", "main"),
+            gpu_key(gi8): PodRef("team-b", "b-0", "main"),
+        }
+    )
+    text = render(
+        gpu_families(snapshot, ledger.view(), attribution=Attribution(pods=pods))
+    ).decode()
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+    total = [
+        sample
+        for family in families.values()
+        for sample in family.samples
+        if sample.name == cat.XID_TOTAL.name
+    ]
+    xids = {(s.labels["xid"], s.labels.get("GPU_I_ID"), s.labels.get("pod")) for s in total}
+    assert xids == {("79", None, None), ("43", "8", "b-0")}
+    (instance,) = [s for s in total if "GPU_I_ID" in s.labels]
+    assert "GPU_I_PROFILE" not in instance.labels  # the GPU's counter, not an instance series
+    assert instance.labels["UUID"] == parent(snapshot, 0).identity.uuid

@@ -207,6 +207,14 @@ def _xid_families(
         for code in sorted(history.counts):
             for labels in gpu.ours((("xid", str(code)),)):
                 total.add(labels, float(history.counts[code]))
+        # An XID NVML attributes to a GPU instance: the parent's series plus GPU_I_ID,
+        # with the pod (or Slurm job) of that instance where one holds it, so a page
+        # names the instance's tenant, not every tenant of the GPU.
+        for (instance, code), count in sorted(history.instance_counts.items()):
+            holder = series.get((reading.identity.index, instance), gpu)
+            own = ((MIG_INSTANCE_LABEL, str(instance)), ("xid", str(code)))
+            for attributes in holder.copies:
+                total.add(_join(gpu.base, (*attributes, *own)), float(count))
         for labels in gpu.ours():
             when.add(labels, history.last_seen)
     return [last, total, when]

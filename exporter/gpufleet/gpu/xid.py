@@ -3,6 +3,12 @@
 dcgm-exporter exports only the last XID value (``DCGM_FI_DEV_XID_ERRORS``), so
 two XID 79s in a row look like one. The watcher keeps a true counter per code.
 It runs in its own thread because ``nvmlEventSetWait`` blocks.
+
+On a GPU in MIG mode NVML names the GPU instance an XID is attributable to (nvml.h,
+``nvmlEventData_t``: ``gpuInstanceId`` / ``computeInstanceId``, 0xFFFFFFFF when the
+XID is not attributable to one, and outside MIG mode): an application's XID (13, 31,
+43, ...) in one tenant's slice. The ledger keeps that instance, so the counter can name
+it (``GPU_I_ID``) and a page can name that instance's pod rather than the GPU's.
 """
 
 from __future__ import annotations
@@ -22,13 +28,20 @@ log = logging.getLogger(__name__)
 _TIMEOUT = 10
 _NOT_SUPPORTED = 3
 _XID_CRITICAL_ERROR_EVENT = 0x8  # nvmlEventTypeXidCriticalError
+# nvml.h: gpuInstanceId / computeInstanceId when the event is attributable to none
+_NO_INSTANCE = 0xFFFFFFFF
 
 
 @dataclass(slots=True)
 class XidHistory:
+    """One GPU's XIDs: ``counts`` per code of those NVML attributes to no MIG instance,
+    ``instance_counts`` per (GPU instance id, code) of those it does; ``last_xid`` and
+    ``last_seen`` are the GPU's, whichever instance (the hardware view)."""
+
     counts: dict[int, int] = field(default_factory=dict)
     last_xid: int = 0
     last_seen: float = 0.0
+    instance_counts: dict[tuple[int, int], int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,10 +64,15 @@ class XidLedger:
     def version(self) -> int:
         return self._version
 
-    def record(self, uuid: str, xid: int, when: float) -> None:
+    def record(self, uuid: str, xid: int, when: float, instance: int | None = None) -> None:
+        """One XID on GPU ``uuid``; ``instance``: the GPU instance NVML attributes it to."""
         with self._lock:
             history = self._by_uuid.setdefault(uuid, XidHistory())
-            history.counts[xid] = history.counts.get(xid, 0) + 1
+            if instance is None:
+                history.counts[xid] = history.counts.get(xid, 0) + 1
+            else:
+                key = (instance, xid)
+                history.instance_counts[key] = history.instance_counts.get(key, 0) + 1
             history.last_xid = xid
             history.last_seen = when
             self._version += 1
@@ -67,7 +85,7 @@ class XidLedger:
     def view(self) -> XidView:
         with self._lock:
             copied = {
-                uuid: XidHistory(dict(h.counts), h.last_xid, h.last_seen)
+                uuid: XidHistory(dict(h.counts), h.last_xid, h.last_seen, dict(h.instance_counts))
                 for uuid, h in self._by_uuid.items()
             }
             return XidView(self._version, self.watching, copied)
@@ -153,5 +171,24 @@ class XidWatcher:
                 self._errors.count("xid", "unknown_device")
                 continue
             xid = int(event.eventData)
-            log.warning("XID %d on GPU %s", xid, uuid)
-            self._ledger.record(uuid, xid, time.time())
+            instance = _instance_id(getattr(event, "gpuInstanceId", None))
+            if instance is None:
+                log.warning("XID %d on GPU %s", xid, uuid)
+            else:
+                log.warning(
+                    "XID %d on GPU %s, GPU instance %d (compute instance %s)",
+                    xid,
+                    uuid,
+                    instance,
+                    _instance_id(getattr(event, "computeInstanceId", None)),
+                )
+            self._ledger.record(uuid, xid, time.time(), instance)
+
+
+def _instance_id(value: Any) -> int | None:
+    """NVML's instance id of an event, None where it names none (0xFFFFFFFF; absent from
+    an older pynvml's event structure)."""
+    if value is None:
+        return None
+    number = int(value)
+    return None if number == _NO_INSTANCE else number
