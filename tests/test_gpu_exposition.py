@@ -36,6 +36,7 @@ UNSUPPORTED_ON_H100 = {
     cat.RETIRED_DBE.name,
     cat.RETIRED_PENDING.name,
     *NVLINK5,
+    cat.GPU_FABRIC_INFO.name,  # no multi-node NVLink fabric: NOT_SUPPORTED
 }
 
 
@@ -210,7 +211,8 @@ def test_series_per_h100_node(fake_nvml: FakeNvml) -> None:
     """The series budget of one 8-GPU H100 node's GPU part (XIDs aside): 398 before
     issue 34; +8 each for the 4.x clock-event name, the bare-metal vGPU license status
     and the NVLink data ECC total, and +4 gpufleet_gpu_fields_unsupported rows (the
-    five NVLink5 counters in place of the vGPU license)."""
+    five NVLink5 counters in place of the vGPU license); +1 row for the NVLink fabric
+    NVML has none of on this node (issue 37)."""
     body = render(gpu_families(snapshot_of(fake_nvml))).decode()
     series = [line for line in body.splitlines() if line and not line.startswith("#")]
-    assert len(series) == 398 + 3 * 8 + 4
+    assert len(series) == 398 + 3 * 8 + 4 + 1

@@ -29,6 +29,7 @@ UNSUPPORTED_ON_H100 = {
     cat.RETIRED_DBE.name,
     cat.RETIRED_PENDING.name,
     *NVLINK5,
+    cat.GPU_FABRIC_INFO.name,  # no multi-node NVLink fabric: NOT_SUPPORTED
 }
 ALL_LINKS = "4294967295"
 

@@ -270,6 +270,23 @@ FIELDS_UNSUPPORTED = GpuMetric(
     "Number of GPUs on which NVML reports this field unsupported; it is omitted for them.",
     (*HOST_LABELS, "field"),
 )
+# nvmlDeviceGetGpuFabricInfoV (nvml.h, nvmlGpuFabricInfo_v2_t): GPUs whose fabric
+# registration completed with the same cluster UUID and clique id share one NVLink domain
+# (what NCCL checks before it uses multi-node NVLink). Where NVML answers NOT_SUPPORTED
+# (no NVLink fabric: PCIe GPUs, HGX without a multi-node fabric) there is no series and
+# gpufleet_gpu_fields_unsupported counts the GPU under this name.
+GPU_FABRIC_INFO = _g(
+    "gpufleet_gpu_fabric_info",
+    "The GPU's NVLink fabric as NVML reports it: cluster UUID and clique id (set while the "
+    "registration state is completed; GPUs sharing both share an NVLink domain); the value "
+    "is always 1.",
+    "cluster_uuid",
+    "clique_id",
+    "state",
+)
+# The fabric registration states as the state label writes them (nvmlGpuFabricState_t;
+# "failed": completed with an error status).
+FABRIC_STATES = ("not_started", "in_progress", "completed", "failed")
 XID_LAST = _g(
     "DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", "err_code", "err_msg"
 )
@@ -320,6 +337,7 @@ GPU_FAMILIES: tuple[GpuMetric, ...] = (
     THROTTLE_ACTIVE,
     GPU_UP,
     GPU_INFO,
+    GPU_FABRIC_INFO,
     GPUS_EXPECTED,
     GPUS_SEEN,
     FIELDS_UNSUPPORTED,

@@ -31,6 +31,9 @@ the calls made on its MIG device handle (``nvmlDeviceGetUUID`` "MIG-...",
 whatever an entry does not mention, NVML refuses on that handle. GPM metrics of a
 GPU instance (``nvmlGpmMigSampleGet`` on the parent with the instance's id) are
 under the parent's ``nvmlGpmMigMetricsGet``, keyed by GPU instance id.
+
+``nvmlDeviceGetGpuFabricInfoV`` (and the v1 ``nvmlDeviceGetGpuFabricInfo``) is the
+struct's fields: ``{"clusterUuid": "<uuid>", "status": 0, "cliqueId": 1, "state": 3}``.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import itertools
 import json
 import queue
 import threading
+import uuid
 from collections import Counter
 from dataclasses import dataclass
 from importlib import resources
@@ -560,6 +564,27 @@ class FakeNvml:
                 metric.nvmlReturn = pynvml.NVML_SUCCESS
                 metric.value = float(value)
         return request
+
+    # -- NVLink fabric -------------------------------------------------------------
+
+    def nvmlDeviceGetGpuFabricInfoV(self, handle: FakeHandle, info: Any) -> int:
+        return self._fabric(handle, "nvmlDeviceGetGpuFabricInfoV", info)
+
+    def nvmlDeviceGetGpuFabricInfo(self, handle: FakeHandle, info: Any) -> int:
+        return self._fabric(handle, "nvmlDeviceGetGpuFabricInfo", info)
+
+    def _fabric(self, handle: FakeHandle, call: str, info: Any) -> int:
+        """Fills the caller's struct (passed by reference, as to pynvml) from the entry:
+        clusterUuid as UUID text, status, cliqueId, state (healthMask for the V call)."""
+        recorded = self._device(handle, call)
+        target = getattr(info, "_obj", info)
+        for name, value in recorded.items():
+            if name == "clusterUuid":
+                raw = uuid.UUID(value).bytes if value else bytes(16)
+                target.clusterUuid = (ctypes.c_uint8 * len(raw))(*raw)
+            elif name != "version":
+                setattr(target, name, int(value))
+        return int(pynvml.NVML_SUCCESS)
 
     # -- events ---------------------------------------------------------------------
 

@@ -23,12 +23,13 @@ import math
 import re
 import threading
 import time
+import uuid
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpufleet.gpu import catalogue as cat
-from gpufleet.gpu.snapshot import GpuIdentity, GpuReading, GpuSnapshot
+from gpufleet.gpu.snapshot import GpuFabric, GpuIdentity, GpuReading, GpuSnapshot
 
 # The pynvml module, or a fake with the same functions, constants and structs.
 NvmlApi = Any
@@ -143,6 +144,7 @@ class _GpuState:
     gpm_previous_at: float = 0.0
     instances: list[_MigState] = field(default_factory=list)
     mig_uuids: tuple[str, ...] = ()  # the MIG devices found by the last enumeration
+    fabric_refused: bool = False  # NVML has no NVLink fabric for this GPU
 
 
 # NVML field values read in one nvmlDeviceGetFieldValues call, with the metric each
@@ -202,6 +204,11 @@ DEFAULT_REPROBE_AFTER_S = 300.0
 # GPM metrics are rates between two samples; closer ones are noise.
 _GPM_MIN_INTERVAL_S = 0.1
 
+# nvmlGpuFabricState_t (nvml.h): 0 NOT_SUPPORTED, 1 NOT_STARTED, 2 IN_PROGRESS, 3 COMPLETED
+_FABRIC_STATE_NOT_SUPPORTED = 0
+_FABRIC_STATE_COMPLETED = 3
+_FABRIC_STATES = {1: "not_started", 2: "in_progress"}
+
 _VALUE_ATTR_BY_TYPE = {
     0: "dVal",
     1: "uiVal",
@@ -211,6 +218,19 @@ _VALUE_ATTR_BY_TYPE = {
     5: "siVal",
     6: "usVal",
 }
+
+
+def _fabric(info: Any) -> GpuFabric:
+    """A completed registration with a success status names the domain: cluster UUID
+    and clique id (an all-zero UUID names none). NCCL reads these fields so before it
+    uses multi-node NVLink."""
+    state, status, cluster = int(info.state), int(info.status), bytes(info.clusterUuid)
+    if state != _FABRIC_STATE_COMPLETED:
+        return GpuFabric(_FABRIC_STATES.get(state, f"state_{state}"))
+    if status != 0:
+        return GpuFabric("failed")
+    cluster_uuid = str(uuid.UUID(bytes=cluster)) if any(cluster) else ""
+    return GpuFabric("completed", cluster_uuid, str(int(info.cliqueId)))
 
 
 def _text(value: Any) -> str:
@@ -370,11 +390,42 @@ class NvmlReader:
                 else:
                     if probe.name == "clock_event_reasons":
                         reasons = result
+            fabric = self._read_fabric(state)
         except _GpuDown:
             return GpuReading(identity=state.identity, up=False)
         return GpuReading(
-            identity=state.identity, up=True, values=values, clock_event_reasons=reasons
+            identity=state.identity,
+            up=True,
+            values=values,
+            clock_event_reasons=reasons,
+            fabric=fabric,
         )
+
+    def _read_fabric(self, state: _GpuState) -> GpuFabric | None:
+        """The GPU's NVLink fabric (nvmlDeviceGetGpuFabricInfoV; the v1 call on drivers
+        without it), asked every cycle: registration completes some time after boot.
+        NOT_SUPPORTED, or the state NOT_SUPPORTED, means no fabric: not asked again."""
+        if state.fabric_refused:
+            return None
+        nvml = self.nvml
+        try:
+            try:
+                info = nvml.c_nvmlGpuFabricInfoV_t()
+                self._device_call(state, "nvmlDeviceGetGpuFabricInfoV", ctypes.byref(info))
+            except (_Unsupported, _CallFailed):  # also a driver older than the struct
+                info = nvml.c_nvmlGpuFabricInfo_t()
+                self._device_call(state, "nvmlDeviceGetGpuFabricInfo", ctypes.byref(info))
+        except _Unsupported:
+            state.fabric_refused = True
+        except _CallFailed:
+            return None
+        else:
+            fabric_state = int(info.state)
+            if fabric_state != _FABRIC_STATE_NOT_SUPPORTED:
+                return _fabric(info)
+            state.fabric_refused = True
+        state.unsupported_fields.add(cat.GPU_FABRIC_INFO.name)
+        return None
 
     def _reprobe_mode_dependent(self, state: _GpuState) -> None:
         """Forget that mode-dependent probes were refused when the MIG mode changed or

@@ -14,6 +14,7 @@ import ctypes
 import json
 import socket
 import time
+import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -62,6 +63,17 @@ _STRUCT_FIELDS: dict[str, tuple[str, ...]] = {
         "memorySizeMB",
     ),
 }
+# Filled through the pointer the caller passes: the struct is the answer.
+_FABRIC_CALLS = ("nvmlDeviceGetGpuFabricInfoV", "nvmlDeviceGetGpuFabricInfo")
+
+
+def _fabric_fields(pointer: Any) -> dict[str, Any]:
+    info = getattr(pointer, "_obj", pointer)
+    fields = {name: int(getattr(info, name)) for name in ("status", "cliqueId", "state")}
+    raw = bytes(info.clusterUuid)
+    return {"clusterUuid": str(uuid.UUID(bytes=raw)) if any(raw) else "", **fields}
+
+
 _VALUE_ATTRS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
 
 
@@ -173,6 +185,9 @@ class RecordingNvml:
             return
         if name == "nvmlDeviceGetFieldValues":
             self._store_fields(device, args[1], result, error)
+            return
+        if name in _FABRIC_CALLS:
+            device[name] = {"nvml_error": error} if error else _fabric_fields(args[1])
             return
         version = kwargs.get("version") or (
             args[1] if name == "nvmlDeviceGetMemoryInfo" and len(args) > 1 else None

@@ -124,6 +124,19 @@ def gpu_families(
             info.add(labels, 1.0)
     families.append(info)
 
+    fabric = _family(cat.GPU_FABRIC_INFO)
+    for reading in gpus:
+        if reading.fabric is not None:
+            where = reading.fabric
+            own = (
+                ("cluster_uuid", where.cluster_uuid),
+                ("clique_id", where.clique_id),
+                ("state", where.state),
+            )
+            for labels in series[reading.identity.key].ours(own):
+                fabric.add(labels, 1.0)
+    families.append(fabric)
+
     expected = _family(cat.GPUS_EXPECTED)
     expected.add(host_labels, float(snapshot.gpus_expected))
     families.append(expected)

@@ -73,6 +73,16 @@ class GpuIdentity:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuFabric:
+    """The GPU's NVLink fabric registration (nvmlDeviceGetGpuFabricInfoV): the cluster
+    UUID and clique id are set only once the state is ``completed``."""
+
+    state: str
+    cluster_uuid: str = ""
+    clique_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class GpuReading:
     """One GPU in one cycle. ``values`` holds only the fields the GPU supports."""
 
@@ -80,6 +90,7 @@ class GpuReading:
     up: bool
     values: dict[str, float] = field(default_factory=dict)
     clock_event_reasons: int | None = None
+    fabric: GpuFabric | None = None  # None: NVML has no fabric for this GPU, or it is down
 
 
 @dataclass(frozen=True, slots=True)
