@@ -104,7 +104,7 @@ def test_the_demo_pages_straggler_then_checkpoint_then_xid_and_recovers(
         prometheus.wait_for_targets_up(NODES + 1, timeout=60)
         t0 = cluster.start
         failure = next(e for e in timeline.episodes if e.kind == Kind.FAIL_STOP)
-        restarted = float(failure.details["restarted_at"])  # type: ignore[arg-type]
+        restarted = float(failure.details["restarted_at"])
         expected = set().union(*PAGES)
 
         def paged() -> set[tuple[str, str]]:

@@ -145,7 +145,8 @@ def test_a_straggler_and_an_xid_79_page_for_the_right_nodes_and_nothing_else(
         def both_fired() -> bool:
             seen["prometheus"] |= {alert_key(a) for a in prometheus.firing_alerts()}
             assert vmalert is not None
-            for engine in (*shards, vmalert):
+            engines: list[PrometheusServer | VmalertServer] = [*shards, vmalert]
+            for engine in engines:
                 seen["sharded"] |= {alert_key(a) for a in engine.firing_alerts()}
             return seen["prometheus"] >= EXPECTED and seen["sharded"] >= EXPECTED
 
