@@ -22,6 +22,7 @@ from gpufleet.gpu.xid_catalogue import (
     xid_action,
     xid_class,
 )
+from gpufleet.rules.attribution import ATTRIBUTION_WHO
 
 ALERTS_DIR = Path(__file__).resolve().parents[1] / "alerts"
 UNKNOWN_CODE = 999  # in no catalogue
@@ -114,7 +115,8 @@ def test_every_code_nvidia_documents_is_in_the_table_with_dcgm_exporters_text() 
 
 
 def _render(template: str, labels: dict[str, str], value: str) -> str:
-    text = template.replace("{{ $value }}", value)
+    # these GPUs have no pod, Slurm job or MIG instance: the attribution renders nothing
+    text = template.replace(ATTRIBUTION_WHO, "").replace("{{ $value }}", value)
     return re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda match: labels[match.group(1)], text)
 
 
