@@ -26,9 +26,13 @@ POD_LABELS = ("namespace", "pod", "container")
 ATTRIBUTION_LABELS = (*POD_LABELS, "hpc_job", "training_job")
 ATTRIBUTION = ", ".join(ATTRIBUTION_LABELS)
 GPU_KEY = "node, gpu, UUID"
+# dcgm-exporter's GPU instance label; a MIG instance is (UUID, GPU_I_ID)
+MIG_INSTANCE = "GPU_I_ID"
+INSTANCE_KEY = f"UUID, {MIG_INSTANCE}"
 
 # What a page's description says about the attribution, when there is one.
 ATTRIBUTION_WHO = (
+    "{{ with $labels.GPU_I_ID }} MIG instance {{ . }}{{ end }}"
     "{{ with $labels.pod }} (pod {{ $labels.namespace }}/{{ . }}){{ else }}"
     "{{ with $labels.namespace }} (namespace {{ . }}){{ end }}{{ end }}"
     "{{ with $labels.hpc_job }} (Slurm job {{ . }}){{ end }}"
@@ -50,67 +54,113 @@ class AttributionSeries(SeriesNames):
     # the same, or the last one within attribution_memory where none is now: a pod
     # that an XID killed still gets its page
     held: str = "gpu:gpufleet_gpu_attribution:held"
+    # the same per MIG instance (GPU_I_ID), from the series that name one: what an XID
+    # NVML attributes to an instance names, not every tenant of its GPU
+    instance_allocation: str = "gpu_instance:gpufleet_gpu_allocation:current"
+    instance_allocation_unique: str = "gpu_instance:gpufleet_gpu_allocation:unique"
+    instance_job_unique: str = "gpu_instance:gpufleet_gpu_job:unique"
+    instance_attribution: str = "gpu_instance:gpufleet_gpu_attribution:current"
+    instance_held: str = "gpu_instance:gpufleet_gpu_attribution:held"
 
 
-def _unique(series: str, first: str) -> str:
-    """``series`` where a GPU has one; where it has several, the ``first`` label alone
-    (the namespace) where they all share it, else nothing."""
-    several = f"count by (UUID) ({series}) > 1"
+def _unique(series: str, first: str, key: str = "UUID", group: str = GPU_KEY) -> str:
+    """``series`` where a GPU (``key``) has one; where it has several, the ``first`` label
+    alone (the namespace) where they all share it, else nothing."""
+    several = f"count by ({key}) ({series}) > 1"
     return (
-        f"({series} unless on (UUID) ({several}))\n"
-        f"or (\n  max by ({GPU_KEY}, {first}) ({series})\n"
-        f"  and on (UUID) ({several})\n"
-        f"  unless on (UUID) (count by (UUID) (count by (UUID, {first}) ({series})) > 1)\n)"
+        f"({series} unless on ({key}) ({several}))\n"
+        f"or (\n  max by ({group}, {first}) ({series})\n"
+        f"  and on ({key}) ({several})\n"
+        f"  unless on ({key}) (count by ({key}) (count by ({key}, {first}) ({series})) > 1)\n)"
     )
 
 
 def attribution_records(config: RulesConfig) -> list[Record]:
-    sel = config.gpu_selector
-    node_labels = config.node_labels
     series = AttributionSeries.of(config)
+    return [
+        *_records(
+            config,
+            "UUID",
+            GPU_KEY,
+            "",
+            (
+                series.allocation,
+                series.allocation_unique,
+                series.job_unique,
+                series.attribution,
+                series.held,
+            ),
+        ),
+        *_records(
+            config,
+            INSTANCE_KEY,
+            f"{GPU_KEY}, {MIG_INSTANCE}",
+            f'{MIG_INSTANCE}!=""',
+            (
+                series.instance_allocation,
+                series.instance_allocation_unique,
+                series.instance_job_unique,
+                series.instance_attribution,
+                series.instance_held,
+            ),
+        ),
+    ]
+
+
+def _records(
+    config: RulesConfig, key: str, group: str, only: str, names: tuple[str, str, str, str, str]
+) -> list[Record]:
+    """The attribution of each GPU (``key`` UUID), or of each MIG instance (``key`` UUID,
+    GPU_I_ID, from the series that name one: ``only``)."""
+    sel = ", ".join(part for part in (config.gpu_selector, only) if part)
+    node_labels = config.node_labels
+    allocation, unique_pods, unique_jobs, attribution, held_name = names
     allocation_info = metric(cat.ALLOCATION_INFO.name, sel)
     job_info = metric(cat.JOB_INFO.name, sel)
     presence = config.gpu_presence_metric
+    up = metric("up", config.gpu_selector)
     # dcgm-exporter (and an agent without the join series) labels every GPU series
     pods = metric(presence, sel, 'pod!=""')
     jobs = metric(presence, sel, 'hpc_job!=""')
     pod_labels = ", ".join(POD_LABELS)
-    unique_pods, unique_jobs = series.allocation_unique, series.job_unique
     # A pod that is the scrape target itself (the exporter's, put on a series that has no
     # pod of its own by the Prometheus Operator's target labels) holds no GPU.
-    held = f"{allocation_info} unless on (instance, job, namespace, pod) {metric('up', sel)}"
-    labelled = f"{pods} unless on (instance, job, namespace, pod) {metric('up', sel)}"
+    held = f"{allocation_info} unless on (instance, job, namespace, pod) {up}"
+    labelled = f"{pods} unless on (instance, job, namespace, pod) {up}"
+    memory = config.attribution_memory
     return [
         Record(
-            series.allocation,
-            f"group by ({GPU_KEY}, {pod_labels}, training_job) (\n"
+            allocation,
+            f"group by ({group}, {pod_labels}, training_job) (\n"
             f"  {with_node(f'({held})', node_labels)}\n)\n"
-            f"or group by ({GPU_KEY}, {pod_labels}) (\n"
-            f"  {with_node(f'({labelled}) unless on (UUID) {allocation_info}', node_labels)}\n)",
+            f"or group by ({group}, {pod_labels}) (\n"
+            f"  {with_node(f'({labelled}) unless on ({key}) {allocation_info}', node_labels)}\n)",
         ),
-        Record(unique_pods, _unique(series.allocation, "namespace")),
+        Record(unique_pods, _unique(allocation, "namespace", key, group)),
         Record(
             unique_jobs,
             _unique(
-                f"(\n  group by ({GPU_KEY}, hpc_job) ({with_node(job_info, node_labels)})\n"
-                f"  or group by ({GPU_KEY}, hpc_job) (\n"
-                f"    {with_node(f'{jobs} unless on (UUID) {job_info}', node_labels)}\n  )\n)",
+                f"(\n  group by ({group}, hpc_job) ({with_node(job_info, node_labels)})\n"
+                f"  or group by ({group}, hpc_job) (\n"
+                f"    {with_node(f'{jobs} unless on ({key}) {job_info}', node_labels)}\n  )\n)",
                 "hpc_job",
+                key,
+                group,
             ),
         ),
         Record(
-            series.attribution,
-            f"({unique_pods} * on (UUID) group_left (hpc_job) {unique_jobs})\n"
-            f"or ({unique_pods} unless on (UUID) {unique_jobs})\n"
-            f"or ({unique_jobs} unless on (UUID) {unique_pods})",
+            attribution,
+            f"({unique_pods} * on ({key}) group_left (hpc_job) {unique_jobs})\n"
+            f"or ({unique_pods} unless on ({key}) {unique_jobs})\n"
+            f"or ({unique_jobs} unless on ({key}) {unique_pods})",
         ),
         Record(
-            series.held,
-            f"{series.attribution}\nor (\n"
-            f"  last_over_time({series.attribution}[{config.attribution_memory}])\n"
-            f"  unless on (UUID) {series.attribution}\n"
-            f"  unless on (UUID) (\n"
-            f"    count by (UUID) (last_over_time({series.attribution}[{config.attribution_memory}])) > 1\n"
+            held_name,
+            f"{attribution}\nor (\n"
+            f"  last_over_time({attribution}[{memory}])\n"
+            f"  unless on ({key}) {attribution}\n"
+            f"  unless on ({key}) (\n"
+            f"    count by ({key}) (last_over_time({attribution}[{memory}])) > 1\n"
             f"  )\n)",
         ),
     ]
@@ -122,11 +172,20 @@ def attributed(config: RulesConfig, alert: str, expr: str) -> str:
     it fired with (read back from ALERTS) while its condition holds: a GPU handed to
     another pod mid-incident neither pages that pod's tenant nor resolves the first
     page. Otherwise it takes the GPU's attribution now (or just before, ``held``)."""
-    held = AttributionSeries.of(config).held
+    held = held_any(config)
     firing = f'max without (alertname, alertstate, severity) (ALERTS{{alertname="{alert}"}})'
     return (
         f"(\n  ({expr})\n  * ignoring ({ATTRIBUTION}) group_left ({ATTRIBUTION})\n  {firing}\n)\n"
         f"or (\n  (({expr})\n  unless ignoring ({ATTRIBUTION}) {firing})\n"
-        f"  * on (UUID) group_left ({ATTRIBUTION}) {held}\n)\n"
-        f"or (\n  ({expr})\n  unless ignoring ({ATTRIBUTION}) {firing}\n  unless on (UUID) {held}\n)"
+        f"  * on ({INSTANCE_KEY}) group_left ({ATTRIBUTION}) {held}\n)\n"
+        f"or (\n  ({expr})\n  unless ignoring ({ATTRIBUTION}) {firing}\n"
+        f"  unless on ({INSTANCE_KEY}) {held}\n)"
     )
+
+
+def held_any(config: RulesConfig) -> str:
+    """The held attribution of each GPU (no GPU_I_ID) and of each MIG instance (GPU_I_ID),
+    joined ``on (UUID, GPU_I_ID)``: a series without GPU_I_ID takes its GPU's, one that
+    names an instance (an XID NVML attributes to it) that instance's, never the GPU's."""
+    series = AttributionSeries.of(config)
+    return f"({series.held} or {series.instance_held})"

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpufleet.gpu import catalogue as cat
+from gpufleet.rules.attribution import held_any
 from gpufleet.rules.common import (
     JOB_NODE,
     NODE_STAGE,
@@ -638,6 +639,13 @@ def training_alerts(config: RulesConfig) -> Group:
     share = series.data_wait_share
     share_median = series.data_wait_median
     replica = replica_imbalance_expr(config, series)
+    app_xids = (
+        f"{GpuSeries.of(config).xid_new} * on (xid) group_left (action) "
+        f'{XID_INFO}{{class="application"}}'
+    )
+    # the attributions that name a training job (vector(1) has none: unless drops the
+    # rows without one; a matcher on a record could not be inlined)
+    training_held = f"({held_any(config)} unless on (training_job) vector(1))"
     replica_work = replica_work_expr(config, series).replace("\n", "\n  ")
     token_work = token_work_expr(config, series).replace("\n", "\n  ")
     rules: list[Record | Alert] = [
@@ -771,11 +779,19 @@ def training_alerts(config: RulesConfig) -> Group:
         ),
         # Job-level, so it lives with the training alerts: on a sharded setup it must
         # see every node of the job (docs/SCALING.md).
+        # The job whose pod holds the GPU or MIG instance the XID names (its
+        # attribution's training_job: an XID on one tenant's MIG slice names that
+        # tenant's job), else every job with ranks on the node.
         Alert(
             "GpuFleetApplicationXid",
-            f"count by (training_job, xid, action) (\n"
-            f'  max by (node, xid, action) ({GpuSeries.of(config).xid_new} * on (xid) group_left (action) {XID_INFO}{{class="application"}})\n'
-            f"  * on (node) group_left (training_job) max by (node, training_job) (gpufleet_training_ranks)\n)",
+            f"count by (training_job, namespace, xid, action) (\n"
+            f"  max by (node, training_job, namespace, xid, action) (\n"
+            f"    {app_xids}\n"
+            f"    * on (UUID, GPU_I_ID) group_left (training_job, namespace)\n"
+            f"    max by (UUID, GPU_I_ID, training_job, namespace) {training_held}\n  )\n"
+            f"  or (\n    max by (node, xid, action) ({app_xids} unless on (UUID, GPU_I_ID) {training_held})\n"
+            f"    * on (node) group_left (training_job, namespace)\n"
+            f"    max by (node, training_job, namespace) (gpufleet_training_ranks)\n  )\n)",
             "info",
             "GPUs of a training job reported XIDs that NVIDIA answers by restarting the application.",
             "{{ $value }} node(s) of job {{ $labels.training_job }} reported XID {{ $labels.xid }} "

@@ -205,11 +205,12 @@ def gpu_recording(config: RulesConfig) -> Group:
             f"    != on (UUID) min by (UUID) (min_over_time({last}[{window}]))\n  )",
         ),
         # Per GPU and code: the agent's counters, rises and resets as increase() sees
-        # them; dcgm-exporter's changed last value, made the xid label by count_values
-        # (one rule for every code); its opt-in per-code count.
+        # them, per MIG instance where NVML attributed the XID to one (GPU_I_ID: the
+        # page names that instance's tenant); dcgm-exporter's changed last value, made
+        # the xid label by count_values (one rule for every code); its opt-in per-code count.
         Record(
             series.xid_new,
-            f"max by ({GPU}, xid) (\n  {with_node(new_in(counter, window, restarted, 'UUID, xid'), node_labels)}\n)\nor\n"
+            f"max by ({GPU}, GPU_I_ID, xid) (\n  {with_node(new_in(counter, window, restarted, 'UUID, GPU_I_ID, xid'), node_labels)}\n)\nor\n"
             f'count_values by ({GPU}) ("xid", {changed})\nor\n'
             f"max by ({GPU}, xid) (\n  {with_node(f'({xid_counts} > 0 unless on (UUID) {agent_gpus})', node_labels)}\n)",
         ),
