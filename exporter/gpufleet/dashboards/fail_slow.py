@@ -7,6 +7,7 @@ from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.models import dashboard as dm
 
 from gpufleet.dashboards import common
+from gpufleet.dashboards.layout import layout_panels
 from gpufleet.dashboards.names import Recorded
 from gpufleet.rules.config import RulesConfig
 
@@ -100,6 +101,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
         ),
     )
     coverage_panels(grid, config, r)
+    layout_panels(grid, config)
     straggler_alerts = (
         db.AnnotationQuery()
         .name("Straggler alerts")

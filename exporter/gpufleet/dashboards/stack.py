@@ -53,7 +53,7 @@ QUERY_STEP_S = 60.0
 SCENARIO = """
 name: dashboards
 cluster: {{nodes: {nodes}, layout: {replicas}x2x8, checkpoint_interval_s: 1800,
-          storage_slots: 16, namespace: {namespace}}}
+          storage_slots: 16, namespace: {namespace}, parallel_layout: true}}
 rates: {{fail_stop_per_1000_node_days: 0, fail_slow_compute_per_node_day: 0,
         fail_slow_comm_per_node_day: 0, auto_retry_success: 1.0}}
 confounders: {{cluster_slowdowns_per_day: 0, evals: false}}

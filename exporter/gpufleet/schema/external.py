@@ -24,6 +24,41 @@ ALERTS_FOR_STATE = MetricDef(
 )
 PROMETHEUS_FAMILIES = (UP, ALERTS, ALERTS_FOR_STATE)
 
+# node_exporter's network bytes (its infiniband and netdev collectors), which the job
+# layout panels set beside each node's NVLink bytes: tensor parallelism across nodes
+# shows as sustained network traffic. Its node is in `instance` (host:port).
+_NODE_EXPORTER = ("instance", "job", "device")
+NODE_INFINIBAND_TRANSMITTED = MetricDef(
+    "node_infiniband_port_data_transmitted_bytes_total",
+    "counter",
+    "Number of data octets transmitted on all links",
+    (*_NODE_EXPORTER, "port"),
+)
+NODE_INFINIBAND_RECEIVED = MetricDef(
+    "node_infiniband_port_data_received_bytes_total",
+    "counter",
+    "Number of data octets received on all links",
+    (*_NODE_EXPORTER, "port"),
+)
+NODE_NETWORK_TRANSMIT = MetricDef(
+    "node_network_transmit_bytes_total",
+    "counter",
+    "Network device statistic transmit_bytes.",
+    _NODE_EXPORTER,
+)
+NODE_NETWORK_RECEIVE = MetricDef(
+    "node_network_receive_bytes_total",
+    "counter",
+    "Network device statistic receive_bytes.",
+    _NODE_EXPORTER,
+)
+NODE_EXPORTER_FAMILIES = (
+    NODE_INFINIBAND_TRANSMITTED,
+    NODE_INFINIBAND_RECEIVED,
+    NODE_NETWORK_TRANSMIT,
+    NODE_NETWORK_RECEIVE,
+)
+
 # dcgm-exporter names the rules read where the agent exposes its own equivalent. Its XID
 # count per code (the agent's is gpufleet_gpu_xid_errors_total). A gauge: it is
 # the number of XIDs within a sliding window (internal/pkg/collector/expcollector.go

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gpufleet.gpu.catalogue import GPU_FAMILIES
 from gpufleet.schema.agent import INGEST_FAMILIES, SELF_FAMILIES
-from gpufleet.schema.external import PROMETHEUS_FAMILIES
+from gpufleet.schema.external import NODE_EXPORTER_FAMILIES, PROMETHEUS_FAMILIES
 from gpufleet.schema.family import MetricDef
 from gpufleet.schema.ledger import LEDGER_FAMILIES
 from gpufleet.schema.slurm import SLURM_WATCH_FAMILIES
@@ -30,5 +30,6 @@ def series_names(families: tuple[MetricDef, ...] = EXPORTED) -> frozenset[str]:
 
 
 def known_series() -> frozenset[str]:
-    """What a query may read: gpufleet's families and what Prometheus writes itself."""
-    return series_names((*EXPORTED, *PROMETHEUS_FAMILIES))
+    """What a query may read: gpufleet's families, what Prometheus writes itself and the
+    node_exporter series the job layout panels read."""
+    return series_names((*EXPORTED, *PROMETHEUS_FAMILIES, *NODE_EXPORTER_FAMILIES))

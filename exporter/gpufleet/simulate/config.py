@@ -110,6 +110,10 @@ class ClusterSpec:
     # gpufleet_gpu_allocation_info for each GPU the job holds, and namespace / pod on its
     # training series. Empty: no pods (a Slurm or bare-metal job), no such series.
     namespace: str = ""
+    # The agents' layout series of the job's ranks (tp / pp / dp groups), each GPU's NVLink
+    # bandwidth and each node's InfiniBand bytes (node_exporter): the job layout panels'
+    # data (simulate/layout.py). Off: none of these series.
+    parallel_layout: bool = False
 
     def pod_labels(self, slot: int) -> list[tuple[str, str]]:
         """The namespace and pod of the job's pod on its node ``slot``, if it has pods."""

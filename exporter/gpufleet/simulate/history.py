@@ -42,6 +42,7 @@ from gpufleet.schema import agent as agent_schema
 from gpufleet.schema import training as ts
 from gpufleet.schema.external import UP
 from gpufleet.schema.family import MetricDef
+from gpufleet.simulate import layout as sim_layout
 from gpufleet.simulate.cluster import (
     GPU_COUNTERS,
     HW_POWER_BRAKE,
@@ -223,6 +224,11 @@ class _Recorder:
         self.xid_last = np.full((ticks, touched), np.nan)
         self.recovery_action = np.full((ticks, touched), np.nan)
         self.xid_counts: dict[tuple[int, int, int], np.ndarray] = {}
+        # the job layout panels' data (simulate/layout.py), with parallel_layout on only
+        self.layout = cluster.spec.parallel_layout
+        shape = (ticks, count, cluster.gpus) if self.layout else (0, count, cluster.gpus)
+        self.nvlink = np.full(shape, np.nan)
+        self.training_now = np.full((ticks if self.layout else 0, count), np.nan)
         self.tick = 0
 
     def record(self) -> None:
@@ -266,6 +272,8 @@ class _Recorder:
             record = cluster.xids.get((node, gpu))
             self.xid_last[tick, slot] = record.last if record else 0.0
             self.recovery_action[tick, slot] = cluster.recovery_action[node, gpu]
+        if self.layout:
+            self._record_layout(tick, gpu_up, alive)
         for (node, gpu), record in cluster.xids.items():
             if node not in self.mine or cluster.node_down[node]:
                 continue
@@ -275,6 +283,18 @@ class _Recorder:
                     series = self.xid_counts[(node, gpu, xid)] = np.full(len(self.times), np.nan)
                 series[tick] = count
         self.tick += 1
+
+    def _record_layout(self, tick: int, gpu_up: np.ndarray, alive: np.ndarray) -> None:
+        cluster = self.cluster
+        for column, node in enumerate(self.nodes):
+            if not alive[column]:
+                continue
+            self.training_now[tick, column] = float(
+                cluster.training_now and bool(cluster.in_training[node])
+            )
+            for gpu in np.flatnonzero(gpu_up[column] == 1).tolist():
+                bandwidth = cluster.gpu_values(node, gpu)[sim_layout.NVLINK.name]
+                self.nvlink[tick, column, gpu] = bandwidth
 
 
 def _gpu_labels(cluster: Cluster, node: int, gpu: int) -> list[tuple[str, str]]:
@@ -380,7 +400,7 @@ def _write_shard(recorder: _Recorder, path: Path) -> int:
             )
 
         job = cluster.spec.job
-        pods = write_allocations(out, cluster.spec, recorder)
+        pods = _write_job_placement(out, recorder, names)
         for metric, attr in _NODE_TRAINING:
             out.declare(metric)
             for column, node in enumerate(recorder.nodes):
@@ -458,6 +478,55 @@ def _write_shard(recorder: _Recorder, path: Path) -> int:
             out.present(cat.XID_TOTAL.name, labels, values)
         out.close()
         return out.samples  # fmt: skip
+
+
+def _write_job_placement(
+    out: _Writer, recorder: _Recorder, names: list[str]
+) -> list[list[tuple[str, str]]]:
+    """Where the job runs: its pods (write_allocations, whose labels are returned) and,
+    with parallel_layout on, its ranks' layout and traffic (_write_layout)."""
+    pods = write_allocations(out, recorder.cluster.spec, recorder)
+    if recorder.layout:
+        _write_layout(out, recorder, names, pods)
+    return pods
+
+
+def _write_layout(
+    out: _Writer, recorder: _Recorder, names: list[str], pods: list[list[tuple[str, str]]]
+) -> None:
+    """Each node's ranks' layout series, its GPUs' NVLink bandwidth, its InfiniBand bytes."""
+    cluster = recorder.cluster
+    layout, job = cluster.layout, cluster.spec.job
+    out.declare(sim_layout.LAYOUT)
+    for column, node in enumerate(recorder.nodes):
+        visible = ~np.isnan(recorder.ckpt_ok[:, column])
+        agent = [("instance", names[column]), ("job", JOB_LABEL)]
+        for gpu in range(cluster.gpus):
+            rank = node * cluster.gpus + gpu
+            for placed in sim_layout.rank_groups(layout, rank):
+                labels = sim_layout.layout_labels(job, names[column], rank, placed)
+                values = np.where(visible, float(placed.size), np.nan)
+                out.present(sim_layout.LAYOUT.name, [*labels, *pods[column], *agent], values)
+    out.declare(sim_layout.NVLINK)
+    for column, node in enumerate(recorder.nodes):
+        for gpu in range(cluster.gpus):
+            labels = _gpu_labels(cluster, node, gpu)
+            out.present(sim_layout.NVLINK.name, labels, recorder.nvlink[:, column, gpu])
+    device, port = sim_layout.IB_DEVICE
+    rate = sim_layout.network_rate(layout, cluster.gpus)
+    for family in sim_layout.IB_FAMILIES:
+        out.declare(family)
+        for column, name in enumerate(names):
+            labels = [
+                ("device", device),
+                ("port", port),
+                ("instance", f"{name}:{sim_layout.NODE_EXPORTER_PORT}"),
+                ("job", sim_layout.NODE_EXPORTER_JOB),
+            ]
+            counter = sim_layout.network_counter(
+                recorder.training_now[:, column], recorder.times, rate
+            )
+            out.present(family.name, labels, counter)
 
 
 def write_shards(
