@@ -29,6 +29,8 @@ GPU_KEY = "node, gpu, UUID"
 # dcgm-exporter's GPU instance label; a MIG instance is (UUID, GPU_I_ID)
 MIG_INSTANCE = "GPU_I_ID"
 INSTANCE_KEY = f"UUID, {MIG_INSTANCE}"
+# a series whose pod Prometheus renamed: scraped without honor_labels beside target labels
+EXPORTED_POD = 'exported_pod!=""'
 
 # What a page's description says about the attribution, when there is one.
 ATTRIBUTION_WHO = (
@@ -124,9 +126,18 @@ def _records(
     jobs = metric(presence, sel, 'hpc_job!=""')
     pod_labels = ", ".join(POD_LABELS)
     # A pod that is the scrape target itself (the exporter's, put on a series that has no
-    # pod of its own by the Prometheus Operator's target labels) holds no GPU.
-    held = f"{allocation_info} unless on (instance, job, namespace, pod) {up}"
-    labelled = f"{pods} unless on (instance, job, namespace, pod) {up}"
+    # pod of its own by the Prometheus Operator's target labels) holds no GPU. Scraped
+    # without honorLabels (dcgm-exporter's chart: serviceMonitor.honorLabels false), the
+    # exporter's own namespace / pod / container are the target's and the GPU's pod is
+    # in exported_namespace / exported_pod / exported_container: read from there.
+    held = (
+        f"({allocation_info} unless on (instance, job, namespace, pod) {up})\n"
+        f"  or {_exported(metric(cat.ALLOCATION_INFO.name, sel, EXPORTED_POD))}"
+    )
+    labelled = (
+        f"({pods} unless on (instance, job, namespace, pod) {up})\n"
+        f"  or {_exported(metric(presence, sel, EXPORTED_POD))}"
+    )
     memory = config.attribution_memory
     return [
         Record(
@@ -181,6 +192,14 @@ def attributed(config: RulesConfig, alert: str, expr: str) -> str:
         f"or (\n  ({expr})\n  unless ignoring ({ATTRIBUTION}) {firing}\n"
         f"  unless on ({INSTANCE_KEY}) {held}\n)"
     )
+
+
+def _exported(series: str) -> str:
+    """``series`` with the pod labels Prometheus renamed (``exported_``: the target's own
+    took their names, honor_labels false) put back as namespace / pod / container."""
+    for label in reversed(POD_LABELS):
+        series = f'label_replace({series}, "{label}", "$1", "exported_{label}", "(.*)")'
+    return series
 
 
 def held_any(config: RulesConfig) -> str:
