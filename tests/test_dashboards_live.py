@@ -287,11 +287,12 @@ def test_a_namespace_shows_only_its_tenants_gpus_and_jobs(tenants: FedPrometheus
                 table.setdefault(key, []).append(float(row["value"][1]))
         return table
 
-    assert rows("team-a") == {"team-a": [32.0, 1.0, 0.0]}
+    # (no MIG here: no instances; tests/test_mig.py counts a MIG GPU's tenants)
+    assert rows("team-a") == {"team-a": [32.0, 1.0, 0.0, 0.0]}
     assert rows(".*") == {
-        "team-a": [32.0, 1.0, 0.0],
-        "team-b": [16.0, 1.0, 0.0],
-        "": [24.0, 0.0, 0.0],
+        "team-a": [32.0, 1.0, 0.0, 0.0],
+        "team-b": [16.0, 1.0, 0.0, 0.0],
+        "": [24.0, 0.0, 0.0, 0.0],
     }
 
     # Every per-GPU panel of the overview and of a team-a node's dashboard: team-a's GPUs.

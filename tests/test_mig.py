@@ -7,14 +7,24 @@ are not GPUs."""
 from __future__ import annotations
 
 import copy
+import json
+import subprocess
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet.agent.app import Agent, AgentSettings
-from gpufleet.devstack import PrometheusServer, http_get, static_scrape_config, wait_until
+from gpufleet.devstack import (
+    PrometheusServer,
+    find_binary,
+    http_get,
+    static_scrape_config,
+    wait_until,
+)
 from gpufleet.exposition import render
 from gpufleet.gpu import catalogue as cat
 from gpufleet.gpu.attribution import Attribution, PodAllocation, PodRef, gpu_key
@@ -456,3 +466,84 @@ def test_an_xid_nvml_attributes_to_an_instance_names_it_and_its_pod(
     (instance,) = [s for s in total if "GPU_I_ID" in s.labels]
     assert "GPU_I_PROFILE" not in instance.labels  # the GPU's counter, not an instance series
     assert instance.labels["UUID"] == parent(snapshot, 0).identity.uuid
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_gpus_by_tenant_counts_a_mig_gpu_once_per_tenant_and_its_instances_apart(
+    tmp_path: Path,
+) -> None:
+    """The overview's "GPUs by tenant" queries, as Grafana sends them under All, through
+    promtool and the real rules: GPU 0 is split into three MIG instances (two of team-a's
+    pods, one of team-b's), GPU 1 is team-a's whole, GPU 2 nobody's. team-a holds 2 GPUs
+    and 2 instances, team-b 1 GPU and 1 instance, one GPU is unallocated."""
+    overview = json.loads((REPO / "dashboards" / "overview.json").read_text())
+    panel = next(p for p in overview["panels"] if p.get("title") == "GPUs by tenant")
+    exprs = [
+        target["expr"].replace("$cluster", ".*").replace("$namespace", ".*")
+        for target in panel["targets"]
+    ]
+    where = 'job="gpufleet-agent",instance="n1",Hostname="n1"'
+    pods = [("0", "1", "team-a", "a-0"), ("0", "2", "team-a", "a-1"), ("0", "3", "team-b", "b-0")]
+    series = [
+        {
+            "series": f'gpufleet_gpu_allocation_info{{{where},gpu="{gpu}",UUID="GPU-{gpu}",'
+            f'GPU_I_PROFILE="2g.20gb",GPU_I_ID="{gi}",namespace="{ns}",pod="{pod}",'
+            'container="main"}',
+            "values": "1x10",
+        }
+        for gpu, gi, ns, pod in pods
+    ]
+    series.append(
+        {
+            "series": f'gpufleet_gpu_allocation_info{{{where},gpu="1",UUID="GPU-1",'
+            'namespace="team-a",pod="a-2",container="main"}',
+            "values": "1x10",
+        }
+    )
+    series += [
+        {"series": f'gpufleet_gpu_up{{{where},gpu="{gpu}",UUID="GPU-{gpu}"}}', "values": "1x10"}
+        for gpu in "012"
+    ]
+    a, b, unallocated = '{namespace="team-a"}', '{namespace="team-b"}', "{}"
+    expected = [  # allocated GPUs, failing, excluded, MIG instances
+        {a: 2, b: 1, unallocated: 1},
+        {a: 0, b: 0, unallocated: 0},
+        {a: 0, b: 0, unallocated: 0},
+        {a: 2, b: 1, unallocated: 0},
+    ]
+    assert len(exprs) == len(expected)
+    document = {
+        "rule_files": [
+            str(REPO / "alerts" / "gpu.rules.yaml"),
+            str(REPO / "alerts" / "dashboards.rules.yaml"),
+        ],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": series,
+                "promql_expr_test": [
+                    {
+                        "expr": expr,
+                        "eval_time": "5m",
+                        "exp_samples": [
+                            {"labels": labels, "value": value} for labels, value in rows.items()
+                        ],
+                    }
+                    for expr, rows in zip(exprs, expected, strict=True)
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "tenants.test.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    result = subprocess.run(
+        [find_binary("promtool"), "test", "rules", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpufleet.rules.attribution import AttributionSeries
 from gpufleet.rules.checkpoint import CheckpointSeries
 from gpufleet.rules.config import RulesConfig
 from gpufleet.rules.dashboard_support import DashboardSeries
@@ -42,6 +43,7 @@ class Recorded:
     node_gpus: str
     gpu_node: str
     gpu_tenant: str
+    instance_allocation: str
     job_tenant: str
     node_seconds_per_op: str
     node_checkpoint_bytes: str
@@ -78,6 +80,7 @@ class Recorded:
             node_gpus=support.node_gpus,
             gpu_node=support.gpu_node,
             gpu_tenant=support.gpu_tenant,
+            instance_allocation=AttributionSeries.of(config).instance_allocation,
             job_tenant=support.job_tenant,
             node_seconds_per_op=support.node_seconds_per_op,
             node_checkpoint_bytes=support.node_checkpoint_bytes,

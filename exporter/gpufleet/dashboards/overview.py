@@ -74,17 +74,21 @@ def build(config: RulesConfig) -> dm.Dashboard:
         ),
     )
     # GPUs by tenant: those its pods hold now, those of them a GPU alert fires for, and
-    # those on nodes the ledger holds excluded (0 where none); a time-sliced GPU counts
-    # for each namespace holding it.
+    # those on nodes the ledger holds excluded (0 where none); GPUs by UUID: a time-sliced
+    # or MIG GPU counts once for each namespace holding it, however many of its
+    # instances; the MIG instances its pods hold are a column of their own.
     held = f"{r.gpu_tenant}{{{common.sel(common.TENANT)}}}"
+    instances = f"{r.instance_allocation}{{{common.sel(common.TENANT)}}}"
     none = f"count by (namespace) ({held}) * 0"
     failing = f"ALERTS{{{common.sel('alertstate=' + common.quoted('firing'), 'alertname=~' + common.quoted('GpuFleet.*'), 'UUID!=' + common.quoted(''))}}}"
     grid.add(
         common.table_panel(
             "GPUs by tenant",
             "Per namespace (tenant): the GPUs its pods hold now, those of them a gpufleet "
-            "GPU alert fires for, and those on a node the fleet ledger holds excluded. The "
-            "row without a namespace counts the unallocated GPUs (under All).",
+            "GPU alert fires for, and those on a node the fleet ledger holds excluded; a GPU "
+            "split into MIG instances counts once for each tenant holding one of them, and "
+            "the instances its pods hold are counted apart. The row without a namespace "
+            "counts the unallocated GPUs (under All).",
             "short",
             [
                 common.target(f"count by (namespace) ({held})", instant=True, ref="A"),
@@ -98,9 +102,12 @@ def build(config: RulesConfig) -> dm.Dashboard:
                     instant=True,
                     ref="C",
                 ),
+                common.target(
+                    f"count by (namespace) ({instances})\nor {none}", instant=True, ref="D"
+                ),
             ],
             link_node=False,
-            columns=("allocated", "failing", "excluded"),
+            columns=("allocated GPUs", "failing", "excluded", "MIG instances"),
         ),
         8,
         8,
