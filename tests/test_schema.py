@@ -168,7 +168,9 @@ def check_against_schema(text: str) -> set[str]:
         assert (family.type, family.documentation) == (entry.kind, entry.help), entry.name
         labels = {key for sample in family.samples for key in sample.labels}
         if family.samples:  # an empty family (no rejections yet) shows no labels
-            assert labels - {"le", "quantile"} == set(entry.labels), entry.name
+            found = labels - {"le", "quantile"}
+            assert set(entry.labels) <= found, entry.name
+            assert found <= set(entry.labels) | set(entry.optional_labels), entry.name
         names = {sample.name for sample in family.samples}
         if entry.kind == "counter" and not entry.name.endswith("_total"):
             # the parser names a bare DCGM counter's samples with _total; the text has none
@@ -182,6 +184,7 @@ def test_the_agent_exports_what_the_schema_defines(fake_nvml: FakeNvml) -> None:
     from fastapi.testclient import TestClient
 
     from gpufleet.agent.app import Agent, AgentSettings
+    from gpufleet.reporter.pod import NAMESPACE_HEADER, POD_HEADER
 
     settings = AgentSettings(node="node-a", gpu_interval=60, allow_unauthenticated_ingest=True)
     agent = Agent(settings, nvml=fake_nvml)
@@ -191,10 +194,16 @@ def test_the_agent_exports_what_the_schema_defines(fake_nvml: FakeNvml) -> None:
         steps = [
             {"training_job": "j", "rank": rank, "step": 1, "duration_s": 1.0} for rank in range(2)
         ]
-        assert client.post("/v1/steps", json={"events": steps}).status_code == 202
+        # the client in pod ml/trainer-0 names it (the downward API): its job's series
+        # carry namespace and pod, which the schema declares optional
+        pod = {NAMESPACE_HEADER: "ml", POD_HEADER: "trainer-0"}
+        response = client.post("/v1/steps", json={"events": steps}, headers=pod)
+        assert response.status_code == 202
         checkpoint = {"training_job": "j", "rank": 0, "op": "save", "event": "begin", "id": "a"}
-        assert client.post("/v1/checkpoints", json={"events": [checkpoint]}).status_code == 202
+        response = client.post("/v1/checkpoints", json={"events": [checkpoint]}, headers=pod)
+        assert response.status_code == 202
         text = client.get("/metrics", headers={"Accept-Encoding": "identity"}).text
+    assert 'namespace="ml",node="node-a",pod="trainer-0"' in text
     seen = check_against_schema(text)
     assert {"gpufleet_training_steps_total", "gpufleet_checkpoint_in_flight"} <= seen
     assert {"gpufleet_agent_info", "gpufleet_ingest_series", "DCGM_FI_DEV_SM_CLOCK"} <= seen

@@ -23,6 +23,8 @@ class MetricDef:
     kind: MetricKind
     help: str
     labels: tuple[str, ...] = ()
+    # labels a series may carry beyond ``labels`` (the agent's namespace / pod of a job)
+    optional_labels: tuple[str, ...] = ()
 
     def series_names(self) -> tuple[str, ...]:
         """The series names a query can read (a histogram's buckets, sum and count)."""

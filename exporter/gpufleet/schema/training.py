@@ -13,14 +13,18 @@ STAGE_LABELS = ("training_job", "node", "pp_stage")
 CHECKPOINT_LABELS = ("training_job", "node", "op")
 PHASES = ("train", "eval", "checkpoint")
 CHECKPOINT_OUTCOMES = ("ok", "failed", "abandoned")
+# Optional on every family here: the namespace and pod the job's training clients name
+# (the downward API, gpufleet/reporter/pod.py), which the agent puts on the job's series
+# while it knows them (agent/training_pods.py); a job without a pod has neither.
+JOB_POD_LABELS = ("namespace", "pod")
 
 
 def _stage_counter(name: str, help_text: str, *extra: str) -> MetricDef:
-    return MetricDef(name, "counter", help_text, (*STAGE_LABELS, *extra))
+    return MetricDef(name, "counter", help_text, (*STAGE_LABELS, *extra), JOB_POD_LABELS)
 
 
 def _stage_gauge(name: str, help_text: str) -> MetricDef:
-    return MetricDef(name, "gauge", help_text, STAGE_LABELS)
+    return MetricDef(name, "gauge", help_text, STAGE_LABELS, JOB_POD_LABELS)
 
 
 STEPS = _stage_counter(
@@ -63,6 +67,7 @@ STEP_DURATION = MetricDef(
     "histogram",
     "Distribution of training-phase step wall times (per rank).",
     STAGE_LABELS,
+    JOB_POD_LABELS,
 )
 LAST_STEP_TIMESTAMP = _stage_gauge(
     "gpufleet_training_last_step_timestamp_seconds",
@@ -104,30 +109,35 @@ CHECKPOINT_OPERATIONS = MetricDef(
     "counter",
     "Completed checkpoint operations by outcome (ok, failed, abandoned: no end seen).",
     (*CHECKPOINT_LABELS, "outcome"),
+    JOB_POD_LABELS,
 )
 CHECKPOINT_QUEUE_WAIT_SECONDS = MetricDef(
     "gpufleet_checkpoint_queue_wait_seconds_total",
     "counter",
     "Time checkpoint operations spent queued for storage before being served.",
     CHECKPOINT_LABELS,
+    JOB_POD_LABELS,
 )
 CHECKPOINT_SERVICE_SECONDS = MetricDef(
     "gpufleet_checkpoint_service_seconds_total",
     "counter",
     "Time checkpoint operations spent being served (reading or writing).",
     CHECKPOINT_LABELS,
+    JOB_POD_LABELS,
 )
 CHECKPOINT_BYTES = MetricDef(
     "gpufleet_checkpoint_bytes_total",
     "counter",
     "Bytes written or read by checkpoints.",
     CHECKPOINT_LABELS,
+    JOB_POD_LABELS,
 )
 CHECKPOINT_IN_FLIGHT = MetricDef(
     "gpufleet_checkpoint_in_flight",
     "gauge",
     "Checkpoint operations begun on this node and not yet ended (concurrency).",
     CHECKPOINT_LABELS,
+    JOB_POD_LABELS,
 )
 
 # In the order the agent exposes them.
@@ -180,5 +190,6 @@ PARALLEL_GROUP_SIZE = MetricDef(
     "group_rank: this rank's position in it, nvlink_domain: the node's, where the site names "
     "it. One series per rank and group, reported once per attempt.",
     PARALLEL_GROUP_LABELS,
+    JOB_POD_LABELS,
 )
 LAYOUT_FAMILIES = (PARALLEL_GROUP_SIZE,)
