@@ -471,19 +471,19 @@ def test_an_xid_nvml_attributes_to_an_instance_names_it_and_its_pod(
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_gpus_by_tenant_counts_a_mig_gpu_once_per_tenant_and_its_instances_apart(
-    tmp_path: Path,
-) -> None:
-    """The overview's "GPUs by tenant" queries, as Grafana sends them under All, through
-    promtool and the real rules: GPU 0 is split into three MIG instances (two of team-a's
-    pods, one of team-b's), GPU 1 is team-a's whole, GPU 2 nobody's. team-a holds 2 GPUs
-    and 2 instances, team-b 1 GPU and 1 instance, one GPU is unallocated."""
+def overview_exprs(title: str, namespace: str) -> list[str]:
+    """A panel's queries of the overview as Grafana sends them, the tenant chosen."""
     overview = json.loads((REPO / "dashboards" / "overview.json").read_text())
-    panel = next(p for p in overview["panels"] if p.get("title") == "GPUs by tenant")
-    exprs = [
-        target["expr"].replace("$cluster", ".*").replace("$namespace", ".*")
+    panel = next(p for p in overview["panels"] if p.get("title") == title)
+    return [
+        target["expr"].replace("$cluster", ".*").replace("$namespace", namespace)
         for target in panel["targets"]
     ]
+
+
+def split_gpu_series() -> list[dict[str, str]]:
+    """GPU 0 split into three MIG instances (two of team-a's pods, one of team-b's), GPU 1
+    team-a's whole, GPU 2 nobody's; an XID 43 NVML attributed to team-b's instance 3."""
     where = 'job="gpufleet-agent",instance="n1",Hostname="n1"'
     pods = [("0", "1", "team-a", "a-0"), ("0", "2", "team-a", "a-1"), ("0", "3", "team-b", "b-0")]
     series = [
@@ -506,14 +506,19 @@ def test_gpus_by_tenant_counts_a_mig_gpu_once_per_tenant_and_its_instances_apart
         {"series": f'gpufleet_gpu_up{{{where},gpu="{gpu}",UUID="GPU-{gpu}"}}', "values": "1x10"}
         for gpu in "012"
     ]
-    a, b, unallocated = '{namespace="team-a"}', '{namespace="team-b"}', "{}"
-    expected = [  # allocated GPUs, failing, excluded, MIG instances
-        {a: 2, b: 1, unallocated: 1},
-        {a: 0, b: 0, unallocated: 0},
-        {a: 0, b: 0, unallocated: 0},
-        {a: 2, b: 1, unallocated: 0},
-    ]
-    assert len(exprs) == len(expected)
+    series.append(
+        {
+            "series": f'gpufleet_gpu_xid_errors_total{{{where},gpu="0",UUID="GPU-0",'
+            'namespace="team-b",pod="b-0",container="main",GPU_I_ID="3",xid="43"}',
+            "values": "_x2 1x8",
+        }
+    )
+    return series
+
+
+def promtool_expects(tmp_path: Path, cases: list[tuple[str, dict[str, float]]]) -> None:
+    """Each query, at 5m over split_gpu_series() and the real GPU and dashboard rules,
+    returns exactly the rows given (labels -> value)."""
     document = {
         "rule_files": [
             str(REPO / "alerts" / "gpu.rules.yaml"),
@@ -523,7 +528,7 @@ def test_gpus_by_tenant_counts_a_mig_gpu_once_per_tenant_and_its_instances_apart
         "tests": [
             {
                 "interval": "1m",
-                "input_series": series,
+                "input_series": split_gpu_series(),
                 "promql_expr_test": [
                     {
                         "expr": expr,
@@ -532,7 +537,7 @@ def test_gpus_by_tenant_counts_a_mig_gpu_once_per_tenant_and_its_instances_apart
                             {"labels": labels, "value": value} for labels, value in rows.items()
                         ],
                     }
-                    for expr, rows in zip(exprs, expected, strict=True)
+                    for expr, rows in cases
                 ],
             }
         ],
@@ -547,3 +552,31 @@ def test_gpus_by_tenant_counts_a_mig_gpu_once_per_tenant_and_its_instances_apart
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_gpus_by_tenant_counts_a_mig_gpu_once_per_tenant_and_its_instances_apart(
+    tmp_path: Path,
+) -> None:
+    """The overview's "GPUs by tenant" queries under All, through promtool and the real
+    rules: team-a holds 2 GPUs and 2 instances, team-b 1 GPU (the split one) and 1
+    instance, one GPU is unallocated."""
+    exprs = overview_exprs("GPUs by tenant", ".*")
+    a, b, unallocated = '{namespace="team-a"}', '{namespace="team-b"}', "{}"
+    expected = [  # allocated GPUs, failing, excluded, MIG instances
+        {a: 2, b: 1, unallocated: 1},
+        {a: 0, b: 0, unallocated: 0},
+        {a: 0, b: 0, unallocated: 0},
+        {a: 2, b: 1, unallocated: 0},
+    ]
+    assert len(exprs) == len(expected)
+    promtool_expects(tmp_path, list(zip(exprs, expected, strict=True)))
+
+
+def test_an_xid_on_a_tenant_s_mig_instance_shows_for_that_tenant_only(tmp_path: Path) -> None:
+    """The overview's XID panel: XID 43 on team-b's instance of the GPU team-a shares is
+    team-b's (and All's), not team-a's."""
+    ((team_a,), (team_b,), (every,)) = (
+        overview_exprs("XID events by code", namespace) for namespace in ("team-a", "team-b", ".*")
+    )
+    xid = '{xid="43"}'
+    promtool_expects(tmp_path, [(team_a, {}), (team_b, {xid: 1}), (every, {xid: 1})])

@@ -79,6 +79,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
     # instances; the MIG instances its pods hold are a column of their own.
     held = f"{r.gpu_tenant}{{{common.sel(common.TENANT)}}}"
     instances = f"{r.instance_allocation}{{{common.sel(common.TENANT)}}}"
+    xids = f"{r.xid_new}{{{c}}}"
     none = f"count by (namespace) ({held}) * 0"
     failing = f"ALERTS{{{common.sel('alertstate=' + common.quoted('firing'), 'alertname=~' + common.quoted('GpuFleet.*'), 'UUID!=' + common.quoted(''))}}}"
     grid.add(
@@ -156,11 +157,13 @@ def build(config: RulesConfig) -> dm.Dashboard:
         8,
         "XID events by code",
         f"GPUs that reported each XID code within {config.xid_window} "
-        "(gpufleet's counter or dcgm-exporter's last XID).",
+        "(gpufleet's counter or dcgm-exporter's last XID); an XID NVML attributes to a MIG "
+        "instance counts for that instance's tenant only.",
         "short",
         common.targets(
             (
-                f"sum by (xid) ({common.tenant_gpus(f'{r.xid_new}{{{c}}}', r.gpu_tenant)})",
+                f"sum by (xid) (\n  ({xids} and on (UUID, GPU_I_ID) {instances})\n  or "
+                f"{common.tenant_gpus(f'{xids} unless on (UUID, GPU_I_ID) {r.instance_allocation}', r.gpu_tenant)}\n)",
                 "XID {{xid}}",
             )
         ),
