@@ -290,6 +290,8 @@ FABRIC_STATES = ("not_started", "in_progress", "completed", "failed")
 XID_LAST = _g(
     "DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", "err_code", "err_msg"
 )
+# An XID NVML attributes to a MIG GPU instance is counted on the GPU's series with that
+# instance's GPU_I_ID (and its pod, where one holds it): gpu/xid.py, gpu/render.py.
 XID_TOTAL = _c(
     "gpufleet_gpu_xid_errors_total",
     "XID errors reported by the driver, per XID code (from NVML's event stream).",
