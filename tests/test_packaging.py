@@ -40,6 +40,13 @@ def clean_env() -> dict[str, str]:
     return {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
 
 
+def wheel_user_env() -> dict[str, str]:
+    """A user's environment for a wheel install: no PYTHONPATH, and Prometheus's family from
+    PATH (the repository's .tools/prometheus3, which GPUFLEET_PROMETHEUS=3 names, is not
+    beside an installed package)."""
+    return {k: v for k, v in clean_env().items() if k != "GPUFLEET_PROMETHEUS"}
+
+
 class Install:
     """A fresh venv with only the gpufleet wheel installed."""
 
@@ -301,7 +308,7 @@ def test_gpufleet_demo_runs_from_a_wheel_install(install: Install, tmp_path: Pat
         demo = subprocess.Popen(
             [str(install.python), "-m", "gpufleet", "demo", "--workdir", str(workdir),
              "--nodes", "2", "--scenario", "healthy", "--pager-port", str(pager_port)],
-            cwd=tmp_path, env=clean_env(), stdout=out, stderr=subprocess.STDOUT, text=True,
+            cwd=tmp_path, env=wheel_user_env(), stdout=out, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
         try:
             wait_until(
