@@ -378,11 +378,20 @@ def test_the_agent_serves_a_mig_node_from_its_first_scrape(
     prometheus_factory: Callable[..., PrometheusServer],
 ) -> None:
     """The whole path (sampler, XID watcher, exposition cache, HTTP) and a real Prometheus:
-    instance series with their profiling values from the first scrape after ready."""
+    instance series with their profiling values from the first scrape after ready; an
+    XID NVML attributes to GPU instance 8 scraped with its GPU_I_ID."""
     agent = Agent(AgentSettings(node="mig-node", gpu_interval=60.0), nvml=mig_nvml)
     agent.open()
     try:
-        check_served_mig_node(agent, serve_asgi, prometheus_factory)
+        prometheus = check_served_mig_node(agent, serve_asgi, prometheus_factory)
+        wait_until(lambda: agent.xids is not None and agent.xids.watching, 10, what="XIDs")
+        mig_nvml.inject_xid(0, 43, gpu_instance=8, compute_instance=0)
+        (xid,) = prometheus.wait_for_series("gpufleet_gpu_xid_errors_total", 1)
+        assert (xid["metric"]["gpu"], xid["metric"]["GPU_I_ID"], xid["metric"]["xid"]) == (
+            "0",
+            "8",
+            "43",
+        )
     finally:
         agent.stop()
 
@@ -391,7 +400,7 @@ def check_served_mig_node(
     agent: Agent,
     serve_asgi: Callable[..., Any],
     prometheus_factory: Callable[..., PrometheusServer],
-) -> None:
+) -> PrometheusServer:
     server = serve_asgi(agent.asgi())
     wait_until(lambda: http_get(f"{server.url}/readyz"), 30, what="agent ready")
     text = http_get(f"{server.url}/metrics").decode()
@@ -406,6 +415,7 @@ def check_served_mig_node(
     series = prometheus.wait_for_series('DCGM_FI_DEV_FB_USED{GPU_I_PROFILE="1g.10gb"}', 7)
     assert {s["metric"]["GPU_I_ID"] for s in series} == {str(gi) for gi in range(7, 14)}
     assert prometheus.wait_for_series('gpufleet_gpus_seen{Hostname="mig-node"}', 1)
+    return prometheus
 
 
 def test_an_instance_whose_identity_failed_is_read_again_next_cycle(
@@ -562,7 +572,7 @@ def test_gpus_by_tenant_counts_a_mig_gpu_once_per_tenant_and_its_instances_apart
     instance, one GPU is unallocated."""
     exprs = overview_exprs("GPUs by tenant", ".*")
     a, b, unallocated = '{namespace="team-a"}', '{namespace="team-b"}', "{}"
-    expected = [  # allocated GPUs, failing, excluded, MIG instances
+    expected: list[dict[str, float]] = [  # allocated GPUs, failing, excluded, MIG instances
         {a: 2, b: 1, unallocated: 1},
         {a: 0, b: 0, unallocated: 0},
         {a: 0, b: 0, unallocated: 0},
