@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet.exposition import render
@@ -85,16 +86,23 @@ def test_a_registration_in_progress_or_failed_names_no_domain() -> None:
     assert fabric_samples(none) == [] and none.unsupported[cat.GPU_FABRIC_INFO.name] == 8
 
 
-def test_a_driver_without_the_versioned_call_is_read_through_v1() -> None:
+@pytest.mark.parametrize(
+    "refusal", ["NVML_ERROR_FUNCTION_NOT_FOUND", "NVML_ERROR_ARGUMENT_VERSION_MISMATCH"]
+)
+def test_a_driver_without_the_versioned_call_is_read_through_v1(refusal: str) -> None:
     fixture = copy.deepcopy(bundled_fixture("b200-8gpu"))
     for device in fixture["devices"]:
         v2 = device.pop("nvmlDeviceGetGpuFabricInfoV")
-        device["nvmlDeviceGetGpuFabricInfoV"] = {"nvml_error": "NVML_ERROR_FUNCTION_NOT_FOUND"}
+        device["nvmlDeviceGetGpuFabricInfoV"] = {"nvml_error": refusal}
         device["nvmlDeviceGetGpuFabricInfo"] = {k: v for k, v in v2.items() if k != "healthMask"}
-    snapshot = read_twice(FakeNvml(fixture))
+    nvml = FakeNvml(fixture)
+    snapshot = read_twice(nvml)
     assert {reading.fabric for reading in snapshot.gpus} == {
         GpuFabric("completed", B200_CLUSTER, "32766")
     }
+    # the versioned call is not asked again (nor counted as an error each cycle)
+    assert nvml.calls["nvmlDeviceGetGpuFabricInfoV"] == 8
+    assert nvml.calls["nvmlDeviceGetGpuFabricInfo"] == 16
 
 
 def test_nvml_record_records_the_fabric_and_the_fixture_replays_it(tmp_path: Path) -> None:

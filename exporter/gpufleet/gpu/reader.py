@@ -145,6 +145,7 @@ class _GpuState:
     instances: list[_MigState] = field(default_factory=list)
     mig_uuids: tuple[str, ...] = ()  # the MIG devices found by the last enumeration
     fabric_refused: bool = False  # NVML has no NVLink fabric for this GPU
+    fabric_v1: bool = False  # nvmlDeviceGetGpuFabricInfoV failed: the v1 call from then on
 
 
 # NVML field values read in one nvmlDeviceGetFieldValues call, with the metric each
@@ -409,10 +410,13 @@ class NvmlReader:
             return None
         nvml = self.nvml
         try:
-            try:
-                info = nvml.c_nvmlGpuFabricInfoV_t()
-                self._device_call(state, "nvmlDeviceGetGpuFabricInfoV", ctypes.byref(info))
-            except (_Unsupported, _CallFailed):  # also a driver older than the struct
+            if not state.fabric_v1:
+                try:
+                    info = nvml.c_nvmlGpuFabricInfoV_t()
+                    self._device_call(state, "nvmlDeviceGetGpuFabricInfoV", ctypes.byref(info))
+                except (_Unsupported, _CallFailed):  # also a driver older than the struct
+                    state.fabric_v1 = True
+            if state.fabric_v1:
                 info = nvml.c_nvmlGpuFabricInfo_t()
                 self._device_call(state, "nvmlDeviceGetGpuFabricInfo", ctypes.byref(info))
         except _Unsupported:
