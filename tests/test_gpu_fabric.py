@@ -17,6 +17,7 @@ from gpufleet.gpu.reader import NvmlReader
 from gpufleet.gpu.record import RecordingNvml
 from gpufleet.gpu.render import gpu_families
 from gpufleet.gpu.snapshot import GpuFabric, GpuSnapshot
+from test_schema import check_against_schema
 
 B200_CLUSTER = "5d0c7a3e-91b4-4f2a-8e6d-2b7f1c9a4e10"
 
@@ -50,6 +51,8 @@ def test_a_gpu_in_an_nvlink_fabric_names_its_cluster_and_clique() -> None:
         )
         assert labels["Hostname"] == "node-a" and labels["UUID"].startswith("GPU-")
     assert cat.GPU_FABRIC_INFO.name not in snapshot.unsupported
+    # type, help and labels as the schema declares them
+    assert cat.GPU_FABRIC_INFO.name in check_against_schema(render(gpu_families(snapshot)).decode())
 
 
 def test_a_gpu_without_a_fabric_has_no_series_and_is_counted_unsupported_once(
