@@ -77,7 +77,7 @@ def dashboard_support_group(config: RulesConfig) -> Group:
             series.node_gpus,
             f"count by (node) (\n  {with_node(metric('DCGM_FI_DEV_GPU_TEMP', gpus), config.node_labels)}\n)",
         ),
-        Record(series.fleet_util, f"avg({metric('DCGM_FI_DEV_GPU_UTIL', gpus)})"),
+        Record(series.fleet_util, _fleet_util(gpus)),
         Record(series.fleet_power, f"sum({metric('DCGM_FI_DEV_POWER_USAGE', gpus)})"),
         Record(
             series.phase_per_step,
@@ -110,3 +110,29 @@ def dashboard_support_group(config: RulesConfig) -> Group:
         ),
     ]
     return Group("gpufleet-dashboard-support", rules, config.slow_recording_interval)
+
+
+# Compute slices of a GPU split into MIG instances: 7 on A100, H100, H200 and B200 (an
+# A30 has 4, and reads low here); a profile "<n>g.<memory>" holds n of them (NVIDIA's
+# MIG User Guide).
+MIG_SLICES = 7
+
+
+def _fleet_util(gpus: str) -> str:
+    """The fleet's mean GPU utilisation (percent). A GPU in MIG mode has no
+    DCGM_FI_DEV_GPU_UTIL (NVML refuses it there): its utilisation is its instances'
+    graphics engine activity (DCGM_FI_PROF_GR_ENGINE_ACTIVE, each a ratio of its own
+    instance) weighted by their compute slices, out of the GPU's; slices no instance
+    holds count as idle."""
+    util = metric("DCGM_FI_DEV_GPU_UTIL", gpus)
+    active = metric("DCGM_FI_PROF_GR_ENGINE_ACTIVE", gpus, 'GPU_I_ID!=""')
+    slices = " or ".join(
+        f'label_replace(vector({n}), "slices", "{n}", "", "")' for n in range(1, MIG_SLICES + 1)
+    )
+    mig = (
+        f"100 * sum by (UUID) (\n"
+        f'    label_replace({active}, "slices", "$1", "GPU_I_PROFILE", "([0-9]+)g[.].*")\n'
+        f"    * on (slices) group_left () ({slices})\n"
+        f"  ) / {MIG_SLICES}"
+    )
+    return f"avg(\n  {util}\n  or ({mig} unless on (UUID) {util})\n)"
