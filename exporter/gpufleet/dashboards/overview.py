@@ -173,7 +173,8 @@ def build(config: RulesConfig) -> dm.Dashboard:
         8,
         8,
         "Fleet GPU utilisation",
-        "Mean GPU utilisation over every GPU of the fleet.",
+        "Mean GPU utilisation over every GPU of the fleet (a GPU split into MIG instances: "
+        "their graphics engine activity weighted by their compute slices).",
         "percent",
         common.targets((f"{r.fleet_util}{{{c}}}", "mean utilisation")),
     )
