@@ -58,11 +58,11 @@ class AttributionSeries(SeriesNames):
     held: str = "gpu:gpufleet_gpu_attribution:held"
     # the same per MIG instance (GPU_I_ID), from the series that name one: what an XID
     # NVML attributes to an instance names, not every tenant of its GPU
-    instance_allocation: str = "gpu_instance:gpufleet_gpu_allocation:current"
-    instance_allocation_unique: str = "gpu_instance:gpufleet_gpu_allocation:unique"
-    instance_job_unique: str = "gpu_instance:gpufleet_gpu_job:unique"
-    instance_attribution: str = "gpu_instance:gpufleet_gpu_attribution:current"
-    instance_held: str = "gpu_instance:gpufleet_gpu_attribution:held"
+    instance_allocation: str = "mig:gpufleet_gpu_allocation:current"
+    instance_allocation_unique: str = "mig:gpufleet_gpu_allocation:unique"
+    instance_job_unique: str = "mig:gpufleet_gpu_job:unique"
+    instance_attribution: str = "mig:gpufleet_gpu_attribution:current"
+    instance_held: str = "mig:gpufleet_gpu_attribution:held"
 
 
 def _unique(series: str, first: str, key: str = "UUID", group: str = GPU_KEY) -> str:
