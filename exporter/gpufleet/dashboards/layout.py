@@ -20,14 +20,21 @@ from gpufleet.schema.training import PARALLEL_GROUP_SIZE
 NVLINK_TO_BYTES = 1024 * 1000
 # Network devices that carry no traffic between nodes (loopback, containers, bridges).
 LOCAL_DEVICES = "lo|veth.*|docker.*|cali.*|flannel.*|cni.*|virbr.*|br-.*"
-# node_exporter names its node in instance (host:port).
+# node_exporter's node: its `node` label where the scrape sets one, else the host part
+# of its instance (host:port).
 INSTANCE_HOST = '"node", "$1", "instance", "([^:]+)(:[0-9]+)?"'
 
 
 def _network(sent: str, received: str, extra: str = "") -> str:
     def rate(name: str) -> str:
-        series = f"{name}{{{common.sel(extra) if extra else common.sel()}}}"
-        return f"sum by (node) (label_replace(rate({series}[$__rate_interval]), {INSTANCE_HOST}))"
+        unnamed, named = (
+            f"{name}{{{common.sel(*(m for m in (extra, node) if m))}}}"
+            for node in ('node=""', 'node!=""')
+        )
+        return (
+            f"sum by (node) (\n  label_replace(rate({unnamed}[$__rate_interval]), {INSTANCE_HOST})"
+            f"\n  or rate({named}[$__rate_interval])\n)"
+        )
 
     return f"({rate(sent)} + {rate(received)})"
 
