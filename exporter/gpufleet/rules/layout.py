@@ -60,7 +60,7 @@ def layout_groups(config: RulesConfig) -> list[Group]:
         f'label_replace({unnamed}, "nvlink_domain", "node:$1", "node", "(.+)")\n  or {named_domain}'
     )
     fabric = with_node(
-        metric(GPU_FABRIC_INFO.name, sel, 'state="completed", cluster_uuid!=""'),
+        metric(GPU_FABRIC_INFO.name, config.gpu_selector, 'state="completed", cluster_uuid!=""'),
         config.node_labels,
     )
     node_cliques = (
