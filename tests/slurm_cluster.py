@@ -211,10 +211,30 @@ class SlurmCluster:
         self.processes.append(process)
 
     def stop(self) -> None:
+        if self.processes:
+            self._end_jobs()
         for process in reversed(self.processes):
             process.stop()
         if self.run_dir is not None:
             shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def _end_jobs(self) -> None:
+        """Cancel every job still queued or running and wait for slurmd to end them: a
+        job's slurmstepd and batch script outlive a stopped slurmd otherwise."""
+        try:
+            listed = self.run("squeue", "--noheader", "--all", "--format=%i", check=False)
+            jobs = [word for word in listed.split() if word.isdigit()]
+            if not jobs:
+                return
+            self.run("scancel", *jobs, check=False)
+            wait_until(
+                lambda: not self.run("squeue", "--noheader", "--all", check=False).strip(),
+                30,
+                interval=0.2,
+                what="the test cluster's jobs to end",
+            )
+        except Exception as error:  # noqa: BLE001 -- teardown: the daemons stop regardless
+            print(f"slurm test cluster: jobs not ended before its daemons stopped: {error}")
 
     # -- the Slurm client commands ---------------------------------------------------------
 
