@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import os
-import socket
 import statistics
 import time
 from pathlib import Path
@@ -29,22 +27,17 @@ STEPS = 30
 EXTRA_S = 0.03  # the slow rank's extra time before its backward, a slow GPU's kernels
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def model() -> Any:
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
 
 
-def train(rank: int, port: int, out: str, watched: bool, slow_rank: int) -> None:
+def train(rank: int, store: str, out: str, watched: bool, slow_rank: int) -> None:
     """One DDP rank: STEPS steps; writes its waits and final parameters to ``out``."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    # a file store, not a TCP port picked before use: another run on the machine may take
+    # a port between its pick and its bind (a rank then met a stranger's store and aborted)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD, init_method=f"file://{store}")
     ddp = torch.nn.parallel.DistributedDataParallel(model())
     wait = watch_model(ddp) if watched else None
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
@@ -66,13 +59,13 @@ def train(rank: int, port: int, out: str, watched: bool, slow_rank: int) -> None
 
 def run(tmp_path: Path, watched: bool, slow_rank: int = 1) -> list[dict[str, Any]]:
     outs = [str(tmp_path / f"{'watched' if watched else 'plain'}-{rank}.pt") for rank in range(2)]
-    port = free_port()
-    mp.start_processes(_entry, args=(port, outs, watched, slow_rank), nprocs=WORLD, join=True)
+    store = str(tmp_path / f"{'watched' if watched else 'plain'}-store")
+    mp.start_processes(_entry, args=(store, outs, watched, slow_rank), nprocs=WORLD, join=True)
     return [torch.load(out) for out in outs]
 
 
-def _entry(rank: int, port: int, outs: list[str], watched: bool, slow_rank: int) -> None:
-    train(rank, port, outs[rank], watched, slow_rank)
+def _entry(rank: int, store: str, outs: list[str], watched: bool, slow_rank: int) -> None:
+    train(rank, store, outs[rank], watched, slow_rank)
 
 
 def test_the_rank_that_waits_for_a_slow_peer_reports_the_wait_and_the_slow_rank_does_not(
@@ -132,8 +125,8 @@ def test_a_model_of_a_single_process_job_waits_on_nothing() -> None:
 
 
 def test_the_wrapper_of_a_bare_model_is_found(tmp_path: Path) -> None:
-    port = free_port()
-    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}")
+    store = tmp_path / "store"
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"file://{store}")
     try:
         bare = model()
         wrapped = torch.nn.parallel.DistributedDataParallel(bare)
