@@ -87,12 +87,14 @@ def build(config: RulesConfig) -> dm.Dashboard:
         12,
         8,
         "Time since the last successful save",
-        "Per job, how long ago any node last completed a checkpoint save (5-minute resolution).",
+        "Per job, how long ago any node last completed a checkpoint save (to within 10 minutes).",
         "s",
         [
+            # Windows of 10 minutes every 5: Prometheus 3's windows are left-open, so with
+            # windows as long as the step a save between two windows' samples is in neither.
             common.target(
                 f"time() - max by (training_job) (max_over_time(\n"
-                f"  (timestamp(changes({ops}{{{saved}}}[5m]) > 0))[1d:5m]\n))",
+                f"  (timestamp(changes({ops}{{{saved}}}[10m]) > 0))[1d:5m]\n))",
                 "{{training_job}}",
             )
         ],
