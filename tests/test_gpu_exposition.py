@@ -11,12 +11,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from gpufleet.exposition import PrecompressedPart, render
-from gpufleet.gpu import catalogue as cat
 from gpufleet.gpu.fake import FakeNvml, bundled_fixture
 from gpufleet.gpu.reader import NvmlReader
 from gpufleet.gpu.render import gpu_families
 from gpufleet.gpu.snapshot import GpuSnapshot
 from gpufleet.gpu.xid import XidLedger
+from gpufleet.schema import gpu as cat
 
 NVLINK5 = (
     cat.NVLINK_RECOVERY_SUCCESSFUL.name,

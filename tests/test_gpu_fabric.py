@@ -11,12 +11,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet.exposition import render
-from gpufleet.gpu import catalogue as cat
 from gpufleet.gpu.fake import FakeNvml, bundled_fixture, load_fixture
 from gpufleet.gpu.reader import NvmlReader
 from gpufleet.gpu.record import RecordingNvml
 from gpufleet.gpu.render import gpu_families
 from gpufleet.gpu.snapshot import GpuFabric, GpuSnapshot
+from gpufleet.schema import gpu as cat
 from test_schema import check_against_schema
 
 B200_CLUSTER = "5d0c7a3e-91b4-4f2a-8e6d-2b7f1c9a4e10"

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from gpufleet.gpu import catalogue as cat
 from gpufleet.gpu.fake import FakeNvml, bundled_fixture
 from gpufleet.gpu.reader import NvmlReader, NvmlUnavailable
 from gpufleet.gpu.snapshot import GpuSnapshot
+from gpufleet.schema import gpu as cat
 
 NVLINK5 = {
     cat.NVLINK_RECOVERY_SUCCESSFUL.name,

@@ -17,8 +17,8 @@ from prometheus_client.samples import Sample
 from gpufleet.agent.app import Agent, AgentSettings
 from gpufleet.agent.hpc_jobs import HpcJobMapping, read_mapping
 from gpufleet.cli import AGENT_OPTIONS, build_parser
-from gpufleet.gpu import catalogue as cat
 from gpufleet.gpu.fake import FakeNvml
+from gpufleet.schema import gpu as cat
 
 DEADLINE_S = 20.0  # generous: the directory is read every 0.05 s here
 

@@ -26,13 +26,13 @@ from gpufleet.devstack import (
     wait_until,
 )
 from gpufleet.exposition import render
-from gpufleet.gpu import catalogue as cat
 from gpufleet.gpu.attribution import Attribution, PodAllocation, PodRef, gpu_key
 from gpufleet.gpu.fake import FakeNvml, bundled_fixture
 from gpufleet.gpu.reader import CallErrors, NvmlReader, mig_memory_gb
 from gpufleet.gpu.render import gpu_families
 from gpufleet.gpu.snapshot import GpuReading, GpuSnapshot
 from gpufleet.gpu.xid import XidLedger, XidWatcher
+from gpufleet.schema import gpu as cat
 
 MIB = 1024 * 1024
 # What NVML serves on a MIG device handle / per GPU instance (see fixtures/README.md)

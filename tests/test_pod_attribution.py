@@ -38,8 +38,8 @@ from gpufleet.cli import AGENT_OPTIONS, build_parser
 from gpufleet.cli import agent as agent_cli
 from gpufleet.devstack import free_port
 from gpufleet.gpu import attribution
-from gpufleet.gpu import catalogue as cat
 from gpufleet.gpu.fake import FakeNvml, bundled_fixture
+from gpufleet.schema import gpu as cat
 from kubelet_podresources import Allocation, KubeletPodResources, compile_proto
 
 DEADLINE_S = 30.0  # generous: the kubelet is asked every 0.1 s here

@@ -12,10 +12,11 @@ import pytest
 import yaml
 
 from gpufleet.devstack import find_binary
-from gpufleet.gpu import catalogue as agent_catalogue
 from gpufleet.gpu.xid_catalogue import (
     CATALOGUE,
     CLASS_OVERRIDES,
+    DCGM_MESSAGES,
+    UNKNOWN_MESSAGE,
     XID_ROWS,
     XidClass,
     XidRow,
@@ -108,10 +109,10 @@ def test_actions_name_nvidias_immediate_and_investigatory_steps() -> None:
 
 def test_every_code_nvidia_documents_is_in_the_table_with_dcgm_exporters_text() -> None:
     assert [row.code for row in XID_ROWS] == list(range(173))
-    messages = agent_catalogue.XID_MESSAGES
+    messages = DCGM_MESSAGES
     assert messages[79] == "GPU has fallen off the bus"
     assert messages[171] == "Uncorrectable DRAM Error"
-    assert messages.get(173, agent_catalogue.XID_UNKNOWN_MESSAGE) == "Unknown Error"
+    assert messages.get(173, UNKNOWN_MESSAGE) == "Unknown Error"
 
 
 def _render(template: str, labels: dict[str, str], value: str) -> str:

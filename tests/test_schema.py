@@ -245,7 +245,7 @@ def test_the_ledger_exports_what_the_schema_defines(tmp_path: Path) -> None:
 
 
 def test_the_simulated_gpu_fields_are_catalogue_fields() -> None:
-    from gpufleet.gpu.catalogue import GPU_FAMILIES
+    from gpufleet.schema.gpu import GPU_FAMILIES
     from gpufleet.simulate.cluster import Cluster
     from gpufleet.simulate.config import load_scenario
 

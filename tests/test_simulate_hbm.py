@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpufleet.gpu import catalogue as cat
+from gpufleet.schema import gpu as cat
+from gpufleet.schema.family import MetricDef
 from gpufleet.simulate.cluster import Cluster
 from gpufleet.simulate.config import (
     ClusterSpec,
@@ -57,7 +58,7 @@ def run(
     return cluster
 
 
-def counter(cluster: Cluster, metric: cat.GpuMetric) -> float:
+def counter(cluster: Cluster, metric: MetricDef) -> float:
     return float(cluster.counters[metric.name][NODE, GPU])
 
 

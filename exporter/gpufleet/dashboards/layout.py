@@ -10,10 +10,10 @@ from grafana_foundation_sdk.models import dashboard as dm
 
 from gpufleet.dashboards import common
 from gpufleet.dashboards.names import Recorded
-from gpufleet.gpu import catalogue as cat
 from gpufleet.rules.config import RulesConfig
 from gpufleet.rules.layout import LayoutSeries
 from gpufleet.schema import external
+from gpufleet.schema import gpu as cat
 from gpufleet.schema.training import PARALLEL_GROUP_SIZE
 
 # DCGM's NVLink bandwidth unit is KiB/s / 1000 (field 449, as the agent computes it).

@@ -14,10 +14,10 @@ from grafana_foundation_sdk.models import dashboard as dm
 
 from gpufleet.dashboards import common
 from gpufleet.dashboards.names import Recorded
-from gpufleet.gpu import catalogue as cat
 from gpufleet.rules.common import Record
 from gpufleet.rules.config import RulesConfig
 from gpufleet.rules.health import HEALTH_SIGNAL, health_recording
+from gpufleet.schema import gpu as cat
 from gpufleet.schema import ledger
 from gpufleet.schema import training as ts
 

@@ -10,8 +10,8 @@ from grafana_foundation_sdk.models import dashboard as dm
 
 from gpufleet.dashboards import common
 from gpufleet.dashboards.names import Recorded
-from gpufleet.gpu import catalogue as cat
 from gpufleet.rules.config import RulesConfig
+from gpufleet.schema import gpu as cat
 from gpufleet.schema import ledger
 
 UID = "gpufleet-overview"

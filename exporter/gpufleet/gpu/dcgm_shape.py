@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpufleet.exposition import escape_label_value
-from gpufleet.gpu import catalogue as cat
 from gpufleet.gpu.xid_catalogue import DCGM_MESSAGES, UNKNOWN_MESSAGE
+from gpufleet.schema import gpu as cat
 from gpufleet.schema.external import XID_ERRORS_COUNT
 
 LABEL_KIND = "label"

@@ -28,8 +28,8 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpufleet.gpu import catalogue as cat
 from gpufleet.gpu.snapshot import GpuFabric, GpuIdentity, GpuReading, GpuSnapshot
+from gpufleet.schema import gpu as cat
 
 # The pynvml module, or a fake with the same functions, constants and structs.
 NvmlApi = Any

@@ -11,7 +11,6 @@ from gpufleet.exposition import (
     format_labels,
     render,
 )
-from gpufleet.gpu import catalogue as cat
 from gpufleet.gpu.attribution import (
     HPC_JOB_LABEL,
     NO_ATTRIBUTION,
@@ -21,9 +20,12 @@ from gpufleet.gpu.attribution import (
 from gpufleet.gpu.sampler import GpuSampler
 from gpufleet.gpu.snapshot import MIG_INSTANCE_LABEL, MIG_PROFILE_LABEL, GpuSnapshot
 from gpufleet.gpu.xid import XidLedger, XidView
+from gpufleet.gpu.xid_catalogue import DCGM_MESSAGES, UNKNOWN_MESSAGE
+from gpufleet.schema import gpu as cat
+from gpufleet.schema.family import MetricDef
 
 
-def _family(metric: cat.GpuMetric) -> Family:
+def _family(metric: MetricDef) -> Family:
     return Family(metric.name, metric.kind, metric.help)
 
 
@@ -212,7 +214,7 @@ def _xid_families(
         history = xids.by_uuid.get(reading.identity.uuid)
         if xids.watching and reading.up and not stale:
             code = history.last_xid if history else 0
-            message = cat.XID_MESSAGES.get(code, cat.XID_UNKNOWN_MESSAGE)
+            message = DCGM_MESSAGES.get(code, UNKNOWN_MESSAGE)
             for labels in gpu.dcgm((("err_code", str(code)), ("err_msg", message))):
                 last.add(labels, float(code))
         if history is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpufleet.exposition import format_labels
-from gpufleet.gpu.catalogue import GPU_LABELS, NODE_LABEL
+from gpufleet.schema.gpu import GPU_LABELS, NODE_LABEL
 
 # dcgm-exporter's labels of a MIG instance's series. Its template
 # (internal/pkg/rendermetrics/render_metrics.go) writes them after modelName and

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpufleet.gpu import catalogue as cat
 from gpufleet.rules.common import Record, SeriesNames, metric, with_node
 from gpufleet.rules.config import RulesConfig
+from gpufleet.schema import gpu as cat
 
 # The labels an attribution adds to a GPU page: dcgm-exporter's names for the pod, its
 # --hpc-job-mapping-dir's for the Slurm job, and the training job the agent's

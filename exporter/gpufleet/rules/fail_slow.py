@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpufleet.gpu import catalogue as cat
 from gpufleet.rules.attribution import held_any
 from gpufleet.rules.common import (
     JOB_NODE,
@@ -20,6 +19,7 @@ from gpufleet.rules.common import (
 )
 from gpufleet.rules.config import RulesConfig
 from gpufleet.rules.gpu import XID_INFO, GpuSeries
+from gpufleet.schema import gpu as cat
 from gpufleet.schema import training as ts
 
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpufleet.gpu.catalogue import GPU_FABRIC_INFO
 from gpufleet.rules.common import Alert, Group, Record, SeriesNames, metric, with_node
 from gpufleet.rules.config import RulesConfig
+from gpufleet.schema.gpu import GPU_FABRIC_INFO
 from gpufleet.schema.training import PARALLEL_GROUP_SIZE
 
 # One parallel group of one attempt of a job.

@@ -5,12 +5,12 @@ its history writer) take their names, help and types from here; tests check that
 every rule and dashboard reads a series some entry produces. Where each area's
 entries live:
 
-- ``gpufleet.gpu.catalogue``: the per-GPU families (dcgm-exporter's names);
+- ``gpufleet.schema.gpu``: the per-GPU families (dcgm-exporter's names);
 - ``gpufleet.schema.training``: training and checkpoint counters (agent);
 - ``gpufleet.schema.agent``: the agent's ingest bookkeeping and self-metrics;
 - ``gpufleet.schema.ledger``: the fleet ledger's families;
 - ``gpufleet.schema.index``: all of them in one tuple, to look any family up.
 
-This package module imports nothing so that ``gpu.catalogue`` can build on
-``schema.family`` while ``schema.index`` imports the catalogue.
+The schema is the bottom layer: its modules import nothing from gpufleet but
+``gpufleet.exposition`` (the metric kinds).
 """

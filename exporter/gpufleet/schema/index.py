@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from gpufleet.gpu.catalogue import GPU_FAMILIES
 from gpufleet.schema.agent import INGEST_FAMILIES, SELF_FAMILIES
 from gpufleet.schema.external import NODE_EXPORTER_FAMILIES, PROMETHEUS_FAMILIES
 from gpufleet.schema.family import MetricDef
+from gpufleet.schema.gpu import GPU_FAMILIES
 from gpufleet.schema.ledger import LEDGER_FAMILIES
 from gpufleet.schema.slurm import SLURM_WATCH_FAMILIES
 from gpufleet.schema.training import CHECKPOINT_FAMILIES, LAYOUT_FAMILIES, TRAINING_FAMILIES

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpufleet.agent.training_aggregate import DEFAULT_STEP_BUCKETS
-from gpufleet.gpu import catalogue as cat
+from gpufleet.schema import gpu as cat
 from gpufleet.simulate.config import ClusterSpec, Scenario
 from gpufleet.simulate.faults import (
     CAUSES_BY_NAME,

@@ -36,12 +36,12 @@ from typing import Any, TextIO
 import numpy as np
 
 from gpufleet.exposition import OpenMetricsWriter
-from gpufleet.gpu import catalogue as cat
-from gpufleet.gpu.catalogue import GPU_LABELS
 from gpufleet.schema import agent as agent_schema
+from gpufleet.schema import gpu as cat
 from gpufleet.schema import training as ts
 from gpufleet.schema.external import UP
 from gpufleet.schema.family import MetricDef
+from gpufleet.schema.gpu import GPU_LABELS
 from gpufleet.simulate import layout as sim_layout
 from gpufleet.simulate.cluster import (
     GPU_COUNTERS,

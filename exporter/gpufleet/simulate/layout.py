@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpufleet.gpu import catalogue as cat
+from gpufleet.schema import gpu as cat
 from gpufleet.schema.external import NODE_INFINIBAND_RECEIVED, NODE_INFINIBAND_TRANSMITTED
 from gpufleet.schema.training import PARALLEL_GROUP_SIZE
 from gpufleet.simulate.config import Layout

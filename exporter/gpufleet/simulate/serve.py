@@ -25,11 +25,11 @@ from gpufleet.agent.metrics_endpoint import Receive, Scope, Send
 from gpufleet.agent.training_aggregate import training_families
 from gpufleet.agent.training_view import CheckpointCounts, JobCounts, RankCounts, StageCounts
 from gpufleet.exposition import CONTENT_TYPE, PrecompressedPart, render
-from gpufleet.gpu.catalogue import RETIRED_DBE, RETIRED_PENDING, RETIRED_SBE
 from gpufleet.gpu.render import gpu_families
 from gpufleet.gpu.snapshot import GpuIdentity, GpuReading, GpuSnapshot
 from gpufleet.gpu.xid import XidHistory, XidView
 from gpufleet.schema import agent as agent_schema
+from gpufleet.schema.gpu import RETIRED_DBE, RETIRED_PENDING, RETIRED_SBE
 from gpufleet.simulate.cluster import Cluster
 from gpufleet.simulate.ledger_feed import LedgerFeed
 

@@ -28,11 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from gpufleet.gpu import catalogue as cat
-from gpufleet.gpu.catalogue import GPU_LABELS
 from gpufleet.schema import agent as agent_schema
+from gpufleet.schema import gpu as cat
 from gpufleet.schema import training as ts
 from gpufleet.schema.external import UP
+from gpufleet.schema.gpu import GPU_LABELS
 from gpufleet.simulate.cluster import GPU_COUNTERS, MAX_SM_CLOCK_MHZ, Cluster
 from gpufleet.simulate.config import Scenario, ScenarioError
 from gpufleet.simulate.history import (

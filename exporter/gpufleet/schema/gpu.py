@@ -1,4 +1,4 @@
-"""Every per-GPU metric the agent exports, with dcgm-exporter's names and units.
+"""Every per-GPU family the agent exports, with dcgm-exporter's names and units.
 
 Names, types and units follow DCGM (``dcgmlib/dcgm_fields.h``, and how
 ``dcgmlib/src/DcgmCacheManager.cpp`` computes each field) and dcgm-exporter
@@ -9,7 +9,6 @@ no field for lives under the ``gpufleet_`` prefix.
 
 from __future__ import annotations
 
-from gpufleet.gpu.xid_catalogue import DCGM_MESSAGES, UNKNOWN_MESSAGE
 from gpufleet.schema.family import MetricDef
 
 # dcgm-exporter's identifying label set, in its order. Every released dcgm-exporter
@@ -23,15 +22,13 @@ SERIES_LABELS = (*GPU_LABELS, DRIVER_LABEL)
 # A node's GPU counts carry only the node and the driver.
 HOST_LABELS = (NODE_LABEL, DRIVER_LABEL)
 
-GpuMetric = MetricDef
+
+def _g(name: str, help_text: str, *extra: str) -> MetricDef:
+    return MetricDef(name, "gauge", help_text, (*SERIES_LABELS, *extra))
 
 
-def _g(name: str, help_text: str, *extra: str) -> GpuMetric:
-    return GpuMetric(name, "gauge", help_text, (*SERIES_LABELS, *extra))
-
-
-def _c(name: str, help_text: str, *extra: str) -> GpuMetric:
-    return GpuMetric(name, "counter", help_text, (*SERIES_LABELS, *extra))
+def _c(name: str, help_text: str, *extra: str) -> MetricDef:
+    return MetricDef(name, "counter", help_text, (*SERIES_LABELS, *extra))
 
 
 SM_CLOCK = _g("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).")
@@ -174,7 +171,7 @@ RECOVERY_ACTION = _g(
 )
 
 # Order of appearance in /metrics.
-VALUE_METRICS: tuple[GpuMetric, ...] = (
+VALUE_METRICS: tuple[MetricDef, ...] = (
     SM_CLOCK,
     MEM_CLOCK,
     GPU_TEMP,
@@ -255,16 +252,16 @@ GPU_INFO = _g(
     "driver_version",
     "cuda_driver_version",
 )
-GPUS_EXPECTED = GpuMetric(
+GPUS_EXPECTED = MetricDef(
     "gpufleet_gpus_expected",
     "gauge",
     "GPUs this node should have: the configured count, or as many as were first seen.",
     HOST_LABELS,
 )
-GPUS_SEEN = GpuMetric(
+GPUS_SEEN = MetricDef(
     "gpufleet_gpus_seen", "gauge", "GPUs NVML currently answers for.", HOST_LABELS
 )
-FIELDS_UNSUPPORTED = GpuMetric(
+FIELDS_UNSUPPORTED = MetricDef(
     "gpufleet_gpu_fields_unsupported",
     "gauge",
     "Number of GPUs on which NVML reports this field unsupported; it is omitted for them.",
@@ -287,6 +284,7 @@ GPU_FABRIC_INFO = _g(
 # The fabric registration states as the state label writes them (nvmlGpuFabricState_t;
 # "failed": completed with an error status).
 FABRIC_STATES = ("not_started", "in_progress", "completed", "failed")
+# err_msg: dcgm-exporter's text for the code (gpu/xid_catalogue.py, DCGM_MESSAGES).
 XID_LAST = _g(
     "DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", "err_code", "err_msg"
 )
@@ -313,14 +311,14 @@ ALLOCATION_OPTIONAL_LABELS = ("GPU_I_PROFILE", "GPU_I_ID", "training_job")
 # GPU_I_PROFILE and GPU_I_ID (job_info: GPU_I_ID), allocation_info adds training_job
 # when a training client in that pod reports to the agent; the labels below are those
 # every series has.
-ALLOCATION_INFO = GpuMetric(
+ALLOCATION_INFO = MetricDef(
     "gpufleet_gpu_allocation_info",
     "gauge",
     "The pod and container the kubelet allocated this GPU (or MIG instance) to; the value "
     "is always 1.",
     (NODE_LABEL, "gpu", "UUID", "namespace", "pod", "container"),
 )
-JOB_INFO = GpuMetric(
+JOB_INFO = MetricDef(
     "gpufleet_gpu_job_info",
     "gauge",
     "A Slurm job this GPU (or MIG instance) is mapped to (--hpc-job-mapping-dir), one series "
@@ -328,13 +326,8 @@ JOB_INFO = GpuMetric(
     (NODE_LABEL, "gpu", "UUID", "hpc_job"),
 )
 
-# dcgm-exporter's err_msg label on DCGM_FI_DEV_XID_ERRORS, from the XID table
-# (gpu/xid_catalogue.py): its text for codes 0-172, "Unknown Error" for any other.
-XID_MESSAGES = DCGM_MESSAGES
-XID_UNKNOWN_MESSAGE = UNKNOWN_MESSAGE
-
 # Every family the agent's GPU part exposes, for the schema's index.
-GPU_FAMILIES: tuple[GpuMetric, ...] = (
+GPU_FAMILIES: tuple[MetricDef, ...] = (
     *VALUE_METRICS,
     THROTTLE_ACTIVE,
     GPU_UP,
