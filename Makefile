@@ -122,7 +122,7 @@ generate: venv
 	$(PY) -m gpufleet.rules --out alerts
 	$(PY) -m gpufleet.dashboards --out dashboards
 	$(PY) -m gpufleet.chart
-	$(PY) -m gpufleet.deploytree
+	$(PY) -m gpufleet.lab.deploytree
 
 check-generated: generate
 	@git diff --exit-code --stat -- $(GENERATED) && \
@@ -132,7 +132,7 @@ check-generated: generate
 # PNG previews of the dashboards' data (no Grafana here): the simulated scenario of the
 # dashboard tests, every panel queried from a real Prometheus, drawn in its grid layout.
 dashboard-previews: venv binaries
-	$(PY) -m gpufleet.dashboards.preview --out docs/dashboards
+	$(PY) -m gpufleet.lab.preview --out docs/dashboards
 
 demo: venv binaries
 	$(VENV)/bin/gpufleet demo --workdir .demo

@@ -21,15 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpufleet.devstack import (
-    ManagedProcess,
-    agent_process,
-    free_port,
-    http_get,
-    wait_until,
-)
-from gpufleet.devstack import process_cpu_seconds as cpu_seconds
-from gpufleet.devstack import process_rss_mib as rss_mib
+from gpufleet.lab.processes import ManagedProcess, agent_process, free_port, http_get, wait_until
+from gpufleet.lab.processes import process_cpu_seconds as cpu_seconds
+from gpufleet.lab.processes import process_rss_mib as rss_mib
 
 
 def series_count(text: str) -> int:

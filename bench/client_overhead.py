@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpufleet.client import Reporter
-from gpufleet.devstack import agent_process, free_port, http_get, wait_until
+from gpufleet.lab.processes import agent_process, free_port, http_get, wait_until
 
 
 def timed(calls: int, body: Callable[[int], None]) -> list[int]:

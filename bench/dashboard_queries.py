@@ -31,8 +31,8 @@ from pathlib import Path
 from gpufleet.dashboards.build import dashboards
 from gpufleet.dashboards.common import render
 from gpufleet.dashboards.names import Recorded
-from gpufleet.dashboards.stack import FedPrometheus, fed_prometheus
-from gpufleet.devstack import wait_until
+from gpufleet.lab.processes import wait_until
+from gpufleet.lab.stack import FedPrometheus, fed_prometheus
 from gpufleet.rules.config import RulesConfig
 
 RECORDED = re.compile(r"\b[a-z]+:[A-Za-z0-9_]+:[a-z0-9_]+\b")

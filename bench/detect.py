@@ -65,7 +65,8 @@ from gpufleet.detect.score import (
     Scores,
     score,
 )
-from gpufleet.devstack import PrometheusServer, backfill
+from gpufleet.lab.devstack import PrometheusServer
+from gpufleet.lab.processes import backfill
 from gpufleet.promapi import PrometheusApi
 from gpufleet.rules.inline import inlined_alerts
 from gpufleet.simulate.config import FaultRates, Scenario, load_scenario

@@ -48,8 +48,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpufleet.devstack import ManagedProcess, free_port, http_get, wait_until
-from gpufleet.devstack import process_rss_mib as rss_mib
+from gpufleet.lab.processes import ManagedProcess, free_port, http_get, wait_until
+from gpufleet.lab.processes import process_rss_mib as rss_mib
 
 SLOW_CONNECTIONS = 1000
 PROMETHEUS = "127.0.0.2"  # the scraper's source address: another host than the flood

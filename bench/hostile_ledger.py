@@ -39,8 +39,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gpufleet.devstack import ManagedProcess, free_port, http_get, ledger_post, wait_until
 from gpufleet.fleet.store import MIGRATIONS, LedgerLimits
+from gpufleet.lab.processes import ManagedProcess, free_port, http_get, ledger_post, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 NODES, REASONS, JOBS = 128, ("xid79", "ecc", "nvlink", "slow"), 20

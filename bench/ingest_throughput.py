@@ -23,9 +23,9 @@ import threading
 import time
 from pathlib import Path
 
-from gpufleet.devstack import agent_process, free_port, http_get, wait_until
-from gpufleet.devstack import process_cpu_seconds as cpu_seconds
-from gpufleet.devstack import process_rss_mib as rss_mib
+from gpufleet.lab.processes import agent_process, free_port, http_get, wait_until
+from gpufleet.lab.processes import process_cpu_seconds as cpu_seconds
+from gpufleet.lab.processes import process_rss_mib as rss_mib
 
 RANKS = 64
 STAGES = 4

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from gpufleet.client import Reporter
-from gpufleet.devstack import agent_process, free_port, http_get, wait_until
+from gpufleet.lab.processes import agent_process, free_port, http_get, wait_until
 from gpufleet.reporter.layout import discover, find_mesh
 
 

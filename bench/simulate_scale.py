@@ -28,16 +28,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpufleet.devstack import (
-    ManagedProcess,
-    PrometheusServer,
-    backfill,
-    file_sd_scrape_config,
-    free_port,
-    http_get,
-    wait_until,
-)
-from gpufleet.devstack import process_cpu_seconds as cpu_seconds
+from gpufleet.lab.devstack import PrometheusServer, file_sd_scrape_config
+from gpufleet.lab.processes import ManagedProcess, backfill, free_port, http_get, wait_until
+from gpufleet.lab.processes import process_cpu_seconds as cpu_seconds
 from gpufleet.simulate.config import load_scenario
 from gpufleet.simulate.history import write_history
 

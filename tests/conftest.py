@@ -35,17 +35,16 @@ from typing import Any, Protocol, Self, TypeVar
 import pytest
 import uvicorn
 
-from gpufleet.devstack import (
+from gpufleet.gpu.fake import FakeNvml, bundled_fixture
+from gpufleet.lab.devstack import AlertmanagerServer, PrometheusServer
+from gpufleet.lab.processes import (
     PROMETHEUS3_BIN,
     PROMETHEUS_MAJOR_VARIABLE,
     PROMETHEUS_MAJORS,
-    AlertmanagerServer,
-    PrometheusServer,
     free_port,
     prometheus_bin_dir,
     wait_until,
 )
-from gpufleet.gpu.fake import FakeNvml, bundled_fixture
 from gpufleet.rules.__main__ import write_all
 from gpufleet.rules.config import RulesConfig
 

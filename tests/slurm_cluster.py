@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from deploy_tools import unavailable
-from gpufleet.devstack import ManagedProcess, free_port, wait_until
+from gpufleet.lab.processes import ManagedProcess, free_port, wait_until
 
 PACKAGES = "apt-get install -y --no-install-recommends slurmctld slurmd slurm-client munge"
 CLUSTER = "gftest"

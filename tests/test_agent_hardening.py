@@ -29,7 +29,7 @@ from gpufleet.agent.connections import (
     GuardedHttpToolsProtocol,
 )
 from gpufleet.agent.training_aggregate import IngestLimits
-from gpufleet.devstack import ManagedProcess, free_port, wait_until
+from gpufleet.lab.processes import ManagedProcess, free_port, wait_until
 
 GENEROUS_S = 30.0
 

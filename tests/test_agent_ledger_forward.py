@@ -12,11 +12,11 @@ import pytest
 
 from gpufleet.agent.app import Agent, AgentSettings
 from gpufleet.agent.ledger_forward import ForwardSettings, LedgerForwarder
-from gpufleet.devstack import free_port, http_get, http_json, wait_until
 from gpufleet.fleet.app import create_app
 from gpufleet.fleet.ledger_client import LedgerClient
 from gpufleet.fleet.models import AttemptEventIn
 from gpufleet.fleet.store import LedgerStore
+from gpufleet.lab.processes import free_port, http_get, http_json, wait_until
 from gpufleet.reporter.events import attempt_key
 
 T0 = 1_800_000_000.0

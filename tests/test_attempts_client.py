@@ -17,9 +17,9 @@ import pytest
 
 from gpufleet.agent.app import Agent, AgentSettings
 from gpufleet.agent.ledger_forward import ForwardSettings
-from gpufleet.devstack import ManagedProcess, free_port, wait_until
 from gpufleet.fleet.app import create_app
 from gpufleet.fleet.store import LedgerStore
+from gpufleet.lab.processes import ManagedProcess, free_port, wait_until
 from gpufleet.reporter.attempts import LaunchedAttempt, launched_attempt
 
 EXIT_TIMEOUT_S = 30

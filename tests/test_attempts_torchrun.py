@@ -19,16 +19,9 @@ from typing import Any
 
 import pytest
 
-from gpufleet.devstack import (
-    ManagedProcess,
-    PrometheusServer,
-    agent_process,
-    free_port,
-    http_get,
-    static_scrape_config,
-    wait_until,
-)
 from gpufleet.fleet.ledger_client import LedgerClient
+from gpufleet.lab.devstack import PrometheusServer, static_scrape_config
+from gpufleet.lab.processes import ManagedProcess, agent_process, free_port, http_get, wait_until
 
 pytest.importorskip("torch")
 

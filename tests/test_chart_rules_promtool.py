@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from deploy_tools import CHART, helm
-from gpufleet.devstack import find_binary
+from gpufleet.lab.processes import find_binary
 
 MONITORING_VALUES = CHART / "ci" / "monitoring-values.yaml"
 

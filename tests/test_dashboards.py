@@ -17,7 +17,7 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard as dm
 
 from gpufleet.dashboards.__main__ import write_all
-from gpufleet.devstack import find_binary
+from gpufleet.lab.processes import find_binary
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD_FILES = sorted((ROOT / "dashboards").glob("*.json"))

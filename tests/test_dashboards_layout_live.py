@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from gpufleet.dashboards.stack import STEP_S, FedPrometheus, fed_prometheus
-from gpufleet.devstack import PrometheusServer, backfill
+from gpufleet.lab.devstack import PrometheusServer
+from gpufleet.lab.processes import backfill
+from gpufleet.lab.stack import STEP_S, FedPrometheus, fed_prometheus
 from gpufleet.rules.__main__ import write_all as write_rules
 from gpufleet.rules.config import RulesConfig
 from gpufleet.rules.inline import Inliner

@@ -16,7 +16,9 @@ from typing import Any
 import pytest
 
 from gpufleet.dashboards.fail_slow import reason_texts
-from gpufleet.dashboards.stack import (
+from gpufleet.lab.devstack import PrometheusServer
+from gpufleet.lab.processes import backfill, wait_until
+from gpufleet.lab.stack import (
     FAULTY_NODE,
     SLOW_FOR_S,
     SLOW_NODE,
@@ -25,7 +27,6 @@ from gpufleet.dashboards.stack import (
     fed_prometheus,
     has_data,
 )
-from gpufleet.devstack import PrometheusServer, backfill, wait_until
 from gpufleet.rules.__main__ import write_all as write_rules
 from gpufleet.rules.config import RulesConfig
 from gpufleet.rules.inline import Inliner

@@ -17,7 +17,6 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet.agent.app import Agent, AgentSettings
-from gpufleet.devstack import PrometheusServer, http_get, static_scrape_config, wait_until
 from gpufleet.exposition import render
 from gpufleet.gpu.attribution import Attribution, PodAllocation, PodRef
 from gpufleet.gpu.dcgm_shape import (
@@ -34,6 +33,8 @@ from gpufleet.gpu.fake import FakeNvml, bundled_fixture
 from gpufleet.gpu.reader import NvmlReader
 from gpufleet.gpu.render import gpu_families
 from gpufleet.gpu.xid import XidLedger
+from gpufleet.lab.devstack import PrometheusServer, static_scrape_config
+from gpufleet.lab.processes import http_get, wait_until
 from gpufleet.schema import gpu as cat
 
 # Where gpufleet declares another type than dcgm-exporter's stock counters file, and why.

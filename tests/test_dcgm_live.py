@@ -27,8 +27,9 @@ from typing import Any
 
 import pytest
 
-from gpufleet.devstack import PrometheusServer, file_sd_scrape_config, free_port, wait_until
 from gpufleet.gpu.dcgm_shape import Counter, DcgmNode, Pod, parse_counters, render
+from gpufleet.lab.devstack import PrometheusServer, file_sd_scrape_config
+from gpufleet.lab.processes import free_port, wait_until
 from gpufleet.rules.config import RulesConfig
 
 pytestmark = pytest.mark.integration

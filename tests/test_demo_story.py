@@ -21,17 +21,16 @@ from typing import Any
 
 import pytest
 
-from gpufleet.devstack import (
-    AlertmanagerServer,
-    PrometheusServer,
-    file_sd_scrape_config,
-    http_json,
-    static_scrape_config,
-    wait_until,
-)
 from gpufleet.fleet.app import create_app
 from gpufleet.fleet.ledger_client import LedgerClient
 from gpufleet.fleet.store import LedgerStore
+from gpufleet.lab.devstack import (
+    AlertmanagerServer,
+    PrometheusServer,
+    file_sd_scrape_config,
+    static_scrape_config,
+)
+from gpufleet.lab.processes import http_json, wait_until
 from gpufleet.lab.realjob import compressed_rules
 from gpufleet.rules.config import RulesConfig
 from gpufleet.simulate.cluster import Cluster

@@ -20,7 +20,7 @@ import yaml
 
 from deploy_tools import REPO, build_wheel, tool
 from gpufleet.cli import COMMAND_EXTRAS, parse
-from gpufleet.deploytree import DeployTree
+from gpufleet.lab.deploytree import DeployTree
 
 COMPOSE = REPO / "docker-compose.yml"
 DEPLOY = REPO / "deploy"
@@ -121,7 +121,7 @@ def test_gpufleet_commands_parse_with_the_real_cli() -> None:
         named_volumes("prometheus")["/etc/gpufleet/deploy/prometheus/targets/agents"] == sim_volume
     )
     pager = service("pager")
-    assert pager["entrypoint"] == ["python", "-m", "gpufleet.pager"]
+    assert pager["entrypoint"] == ["python", "-m", "gpufleet.lab.pager"]
     assert pager["network_mode"] == "service:alertmanager"
     assert pager["command"] == ["--listen", "{}:{}".format(*DeployTree(REPO).pager_address())]
 
@@ -276,7 +276,7 @@ def test_the_image_install_ships_every_command_and_its_data(tmp_path: Path) -> N
     # The Dockerfile installs this project's wheel: build it here (extras change no file).
     wheel = build_wheel(tmp_path)
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert "gpufleet/pager.py" in names
+    assert "gpufleet/lab/pager.py" in names
     assert "gpufleet/simulate/scenarios/demo.yaml" in names
     assert "gpufleet/gpu/fixtures/h100-sxm-8gpu.json" in names
     # `gpufleet demo` from a wheel copies these (tests/test_packaging.py runs it).
@@ -299,7 +299,7 @@ class Block:
         if name.split(".")[0] in BLOCKED:
             raise ImportError(f"{name} is not in the image")
 sys.meta_path.insert(0, Block())
-import gpufleet.agent.app, gpufleet.fleet.app, gpufleet.simulate.serve, gpufleet.pager
+import gpufleet.agent.app, gpufleet.fleet.app, gpufleet.simulate.serve, gpufleet.lab.pager
 from gpufleet.cli import main
 main(["simulate", "--list-scenarios"])
 """
@@ -384,7 +384,7 @@ def test_the_local_images_override_is_valid_and_names_what_build_py_builds() -> 
 
 
 def test_the_printed_timeline_and_the_scenario_text_say_what_the_tests_measure() -> None:
-    from gpufleet.demo import PAGES, STORY
+    from gpufleet.lab.demo import PAGES, STORY
     from gpufleet.rules.config import RulesConfig
     from gpufleet.simulate.config import load_scenario
 
@@ -414,7 +414,7 @@ def test_the_printed_timeline_and_the_scenario_text_say_what_the_tests_measure()
 
 def test_the_simulator_logs_its_clock_and_the_demo_timeline() -> None:
     # `docker compose logs simulator` (serve_live prints this when it starts serving).
-    from gpufleet.demo import announce
+    from gpufleet.lab.demo import announce
 
     text = announce("demo", 64, 8, start=3600.0)
     assert text.startswith(

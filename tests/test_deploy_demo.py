@@ -19,17 +19,10 @@ from typing import Any
 import pytest
 import yaml
 
-from gpufleet.deploytree import DeployTree
-from gpufleet.devstack import (
-    AlertmanagerServer,
-    ManagedProcess,
-    PrometheusServer,
-    free_port,
-    http_get,
-    http_json,
-    wait_until,
-)
-from gpufleet.pager import PagerHandler, page_lines
+from gpufleet.lab.deploytree import DeployTree
+from gpufleet.lab.devstack import AlertmanagerServer, PrometheusServer
+from gpufleet.lab.pager import PagerHandler, page_lines
+from gpufleet.lab.processes import ManagedProcess, free_port, http_get, http_json, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -71,7 +64,7 @@ def test_demo_stack_runs_the_deploy_files_and_pages_reach_the_pager_log(
     assert not tree.rules_dir.is_symlink() and list(tree.rules_dir.glob("*.rules.yaml"))
     start(
         processes,
-        [sys.executable, "-m", "gpufleet.pager", "--listen", f"{pager_host}:{pager_port}"],
+        [sys.executable, "-m", "gpufleet.lab.pager", "--listen", f"{pager_host}:{pager_port}"],
         tmp_path / "pager.log",
     )
     fleet_port, sim_port = free_port(), free_port()

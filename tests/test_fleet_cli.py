@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from gpufleet.cli import FLEET_OPTIONS, build_parser
-from gpufleet.devstack import ManagedProcess, free_port, http_get, wait_until
 from gpufleet.fleet.store import LedgerLimits
+from gpufleet.lab.processes import ManagedProcess, free_port, http_get, wait_until
 
 
 def run_cli(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -19,10 +19,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpufleet.devstack import ManagedProcess, free_port, http_get, ledger_post, wait_until
 from gpufleet.fleet.counters import snapshot_from_history
 from gpufleet.fleet.ledger_client import LedgerClient
 from gpufleet.fleet.metrics import ledger_families
+from gpufleet.lab.processes import ManagedProcess, free_port, http_get, ledger_post, wait_until
 
 pytestmark = pytest.mark.integration
 LEDGER_FAMILIES = (

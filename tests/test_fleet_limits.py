@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from gpufleet.devstack import http_get, http_json
 from gpufleet.fleet.app import PAGE_DEFAULT, create_app
 from gpufleet.fleet.ledger_client import LedgerClient, LedgerError
 from gpufleet.fleet.models import ExclusionIn
@@ -22,6 +21,7 @@ from gpufleet.fleet.store import (
     LedgerStore,
     LedgerUnavailableError,
 )
+from gpufleet.lab.processes import http_get, http_json
 
 NOW = 1_800_000_000.0
 DAY = 86400.0

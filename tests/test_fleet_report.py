@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from gpufleet.devstack import PrometheusServer, backfill
 from gpufleet.fleet.app import create_app
 from gpufleet.fleet.store import LedgerStore
+from gpufleet.lab.devstack import PrometheusServer
+from gpufleet.lab.processes import backfill
 
 pytestmark = pytest.mark.integration
 

@@ -20,9 +20,10 @@ from typing import Any
 import pytest
 import yaml
 
-from gpufleet.devstack import AlertmanagerServer, http_get, http_json, wait_until
 from gpufleet.fleet.app import create_app
 from gpufleet.fleet.store import LedgerStore
+from gpufleet.lab.devstack import AlertmanagerServer
+from gpufleet.lab.processes import http_get, http_json, wait_until
 
 # Alertmanager 0.25 (beside Prometheus 2) and 0.33 (beside 3) both page the ledger.
 pytestmark = [pytest.mark.integration, pytest.mark.prometheus("2", "3")]

@@ -8,8 +8,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet.agent.app import Agent, AgentSettings
-from gpufleet.devstack import wait_until
 from gpufleet.gpu.fake import FakeNvml
+from gpufleet.lab.processes import wait_until
 
 
 def values(agent: Agent, name: str) -> dict[str, float]:

@@ -12,16 +12,9 @@ from typing import Any
 import pytest
 
 from gpufleet.agent.app import Agent, AgentSettings
-from gpufleet.devstack import (
-    AlertmanagerServer,
-    ManagedProcess,
-    PrometheusServer,
-    free_port,
-    http_json,
-    static_scrape_config,
-    wait_until,
-)
 from gpufleet.gpu.fake import FakeNvml
+from gpufleet.lab.devstack import AlertmanagerServer, PrometheusServer, static_scrape_config
+from gpufleet.lab.processes import ManagedProcess, free_port, http_json, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,8 @@ import pytest
 
 from gpufleet.agent.app import Agent, AgentSettings
 from gpufleet.client import Reporter
-from gpufleet.devstack import PrometheusServer, static_scrape_config, wait_until
+from gpufleet.lab.devstack import PrometheusServer, static_scrape_config
+from gpufleet.lab.processes import wait_until
 
 pytestmark = pytest.mark.integration
 

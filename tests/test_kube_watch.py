@@ -35,18 +35,12 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gpufleet.cli import parse
-from gpufleet.devstack import (
-    ManagedProcess,
-    PrometheusServer,
-    free_port,
-    http_get,
-    static_scrape_config,
-    wait_until,
-)
 from gpufleet.fleet.app import create_app
 from gpufleet.fleet.ledger_client import LedgerClient, LedgerError
 from gpufleet.fleet.models import ExclusionIn
 from gpufleet.fleet.store import LedgerStore
+from gpufleet.lab.devstack import PrometheusServer, static_scrape_config
+from gpufleet.lab.processes import ManagedProcess, free_port, http_get, wait_until
 from gpufleet.rules.config import RulesConfig
 from gpufleet.sources.kube import (
     DEFAULT_CONDITIONS,

@@ -14,14 +14,9 @@ import httpx
 import pytest
 
 from gpufleet.agent.app import Agent, AgentSettings
-from gpufleet.devstack import (
-    PrometheusServer,
-    free_port,
-    http_get,
-    static_scrape_config,
-    wait_until,
-)
 from gpufleet.gpu.fake import FakeNvml, bundled_fixture
+from gpufleet.lab.devstack import PrometheusServer, static_scrape_config
+from gpufleet.lab.processes import free_port, http_get, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.prometheus("2", "3")]
 

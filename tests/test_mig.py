@@ -18,13 +18,6 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet.agent.app import Agent, AgentSettings
-from gpufleet.devstack import (
-    PrometheusServer,
-    find_binary,
-    http_get,
-    static_scrape_config,
-    wait_until,
-)
 from gpufleet.exposition import render
 from gpufleet.gpu.attribution import Attribution, PodAllocation, PodRef, gpu_key
 from gpufleet.gpu.fake import FakeNvml, bundled_fixture
@@ -32,6 +25,8 @@ from gpufleet.gpu.reader import CallErrors, NvmlReader, mig_memory_gb
 from gpufleet.gpu.render import gpu_families
 from gpufleet.gpu.snapshot import GpuReading, GpuSnapshot
 from gpufleet.gpu.xid import XidLedger, XidWatcher
+from gpufleet.lab.devstack import PrometheusServer, static_scrape_config
+from gpufleet.lab.processes import find_binary, http_get, wait_until
 from gpufleet.schema import gpu as cat
 
 MIB = 1024 * 1024

@@ -25,8 +25,8 @@ from packaging.requirements import Requirement
 
 from deploy_tools import REPO, build_wheel, tool
 from gpufleet.cli import COMMAND_EXTRAS, MODULE_EXTRAS, missing_extra_hint
-from gpufleet.deploytree import CONFIGS, PACKAGE_COPIES
-from gpufleet.devstack import free_port, wait_until
+from gpufleet.lab.deploytree import CONFIGS, PACKAGE_COPIES
+from gpufleet.lab.processes import free_port, wait_until
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 ADAPTERS = {

@@ -26,15 +26,8 @@ from typing import Any
 
 import pytest
 
-from gpufleet.devstack import (
-    ManagedProcess,
-    PrometheusServer,
-    agent_process,
-    free_port,
-    http_get,
-    static_scrape_config,
-    wait_until,
-)
+from gpufleet.lab.devstack import PrometheusServer, static_scrape_config
+from gpufleet.lab.processes import ManagedProcess, agent_process, free_port, http_get, wait_until
 from gpufleet.rules.config import RulesConfig, duration_seconds
 
 pytest.importorskip("torch")

@@ -36,9 +36,9 @@ from gpufleet.agent.pod_resources import (
 )
 from gpufleet.cli import AGENT_OPTIONS, build_parser
 from gpufleet.cli import agent as agent_cli
-from gpufleet.devstack import free_port
 from gpufleet.gpu import attribution
 from gpufleet.gpu.fake import FakeNvml, bundled_fixture
+from gpufleet.lab.processes import free_port
 from gpufleet.schema import gpu as cat
 from kubelet_podresources import Allocation, KubeletPodResources, compile_proto
 

@@ -7,7 +7,8 @@ from collections.abc import Callable
 
 import pytest
 
-from gpufleet.devstack import PrometheusServer, free_port
+from gpufleet.lab.devstack import PrometheusServer
+from gpufleet.lab.processes import free_port
 from gpufleet.promapi import PrometheusApi, PrometheusError, PrometheusUnreachable
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpufleet.devstack import find_binary
+from gpufleet.lab.processes import find_binary
 from gpufleet.rules.__main__ import write_all
 from gpufleet.rules.build import SHARD_LOCAL_FILES
 from gpufleet.simulate.faults import Alert

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpufleet.devstack import find_binary
+from gpufleet.lab.processes import find_binary
 from gpufleet.rules.inline import InlineError, Inliner, RecordRule, duration_seconds, inlined_alerts
 
 ALERTS_DIR = Path(__file__).resolve().parents[1] / "alerts"

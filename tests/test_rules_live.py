@@ -20,14 +20,14 @@ from typing import Any
 
 import pytest
 
-from gpufleet.devstack import (
+from gpufleet.lab.devstack import (
     AlertmanagerServer,
     PrometheusServer,
     VictoriaMetricsServer,
     VmalertServer,
     file_sd_scrape_config,
-    wait_until,
 )
+from gpufleet.lab.processes import wait_until
 from gpufleet.rules.build import SHARD_LOCAL_FILES
 from gpufleet.rules.config import RulesConfig
 from gpufleet.rules.inline import inlined_alerts

@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 import yaml
 
-from gpufleet.devstack import find_binary
 from gpufleet.gpu.xid_catalogue import (
     CATALOGUE,
     CLASS_OVERRIDES,
@@ -23,6 +22,7 @@ from gpufleet.gpu.xid_catalogue import (
     xid_action,
     xid_class,
 )
+from gpufleet.lab.processes import find_binary
 from gpufleet.rules.attribution import ATTRIBUTION_WHO
 
 ALERTS_DIR = Path(__file__).resolve().parents[1] / "alerts"

@@ -23,12 +23,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gpufleet.devstack import (
-    AlertmanagerServer,
-    PrometheusServer,
-    file_sd_scrape_config,
-    wait_until,
-)
+from gpufleet.lab.devstack import AlertmanagerServer, PrometheusServer, file_sd_scrape_config
+from gpufleet.lab.processes import wait_until
 from gpufleet.lab.realjob import compressed_rules
 from gpufleet.rules.config import RulesConfig
 from gpufleet.simulate.cluster import Cluster

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from gpufleet.devstack import PrometheusServer, backfill, file_sd_scrape_config, wait_until
+from gpufleet.lab.devstack import PrometheusServer, file_sd_scrape_config
+from gpufleet.lab.processes import backfill, wait_until
 from gpufleet.simulate.cluster import Cluster
 from gpufleet.simulate.config import load_scenario
 from gpufleet.simulate.history import write_history

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from gpufleet.devstack import http_json, wait_until
 from gpufleet.fleet.app import create_app
 from gpufleet.fleet.ledger_client import LedgerClient
 from gpufleet.fleet.store import LedgerStore
+from gpufleet.lab.processes import http_json, wait_until
 from gpufleet.simulate.cluster import Cluster
 from gpufleet.simulate.config import load_scenario
 from gpufleet.simulate.ledger_feed import LedgerFeed, ledger_events

@@ -29,14 +29,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpufleet.devstack import (
-    ManagedProcess,
-    PrometheusServer,
-    free_port,
-    http_get,
-    static_scrape_config,
-    wait_until,
-)
+from gpufleet.lab.devstack import PrometheusServer, static_scrape_config
+from gpufleet.lab.processes import ManagedProcess, free_port, http_get, wait_until
 from slurm_cluster import SlurmCluster, require_slurm
 
 REPO = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from gpufleet.agent.app import Agent, AgentSettings
-from gpufleet.devstack import ManagedProcess, wait_until
+from gpufleet.lab.processes import ManagedProcess, wait_until
 
 pytest.importorskip("torch")
 

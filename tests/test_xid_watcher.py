@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from gpufleet.devstack import wait_until
 from gpufleet.gpu.fake import FakeNvml
 from gpufleet.gpu.reader import CallErrors, NvmlReader
 from gpufleet.gpu.xid import XidLedger, XidWatcher
+from gpufleet.lab.processes import wait_until
 
 
 def start_watcher(

@@ -89,7 +89,7 @@ def run_simulate(values: argparse.Namespace) -> int:
 
 
 def run_demo(values: argparse.Namespace) -> int:
-    from gpufleet.demo import run_demo as run
+    from gpufleet.lab.demo import run_demo as run
 
     return run(Path(values.workdir), values.scenario, values.nodes, pager_port=values.pager_port)
 

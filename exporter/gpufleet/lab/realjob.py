@@ -37,13 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpufleet.devstack import (
-    ManagedProcess,
-    PrometheusServer,
-    free_port,
-    static_scrape_config,
-    wait_until,
-)
+from gpufleet.lab.devstack import PrometheusServer, static_scrape_config
+from gpufleet.lab.processes import ManagedProcess, free_port, wait_until
 from gpufleet.lab.workload import Framework, Workload
 from gpufleet.rules.__main__ import write_all
 from gpufleet.rules.config import RulesConfig

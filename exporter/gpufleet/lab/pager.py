@@ -1,6 +1,6 @@
 """A stand-in pager for the demos: Alertmanager's webhook receiver that logs each page.
 
-``python -m gpufleet.pager --listen 127.0.0.1:9407`` accepts Alertmanager webhook
+``python -m gpufleet.lab.pager --listen 127.0.0.1:9407`` accepts Alertmanager webhook
 POSTs and writes one line per alert (``PAGE firing GpuFleetXid79 node=node-040 ...``)
 to stdout, so ``docker compose logs pager`` and ``.demo/pager.log`` show what would
 have paged someone. It is a demo part, not a notifier: production routes pages
@@ -70,7 +70,7 @@ class PagerHandler(BaseHTTPRequestHandler):
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Serve the pager until interrupted."""
-    parser = argparse.ArgumentParser(prog="python -m gpufleet.pager", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m gpufleet.lab.pager", description=__doc__)
     parser.add_argument("--listen", default="127.0.0.1:9407", help="HOST:PORT to serve on")
     namespace = parser.parse_args(argv)
     host, _, port = namespace.listen.rpartition(":")

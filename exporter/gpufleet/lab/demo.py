@@ -9,7 +9,7 @@ log shows every page; prints where they are and what will happen when, and
 stops all of them on Ctrl-C. Prometheus and Alertmanager run the same
 configuration files under ``deploy/`` as ``docker compose up`` (from a wheel, the
 package's copies of them) and the rules the package generates into the work
-directory (see :mod:`gpufleet.deploytree`).
+directory (see :mod:`gpufleet.lab.deploytree`).
 """
 
 from __future__ import annotations
@@ -22,12 +22,11 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from gpufleet.deploytree import DeployTree, DeployTreeError
-from gpufleet.devstack import (
-    AlertmanagerServer,
+from gpufleet.lab.deploytree import DeployTree, DeployTreeError
+from gpufleet.lab.devstack import AlertmanagerServer, PrometheusServer
+from gpufleet.lab.processes import (
     DevstackError,
     ManagedProcess,
-    PrometheusServer,
     free_port,
     http_get,
     port_is_free,
@@ -134,7 +133,7 @@ def run_demo(
     )  # fmt: skip
     pager = ManagedProcess(
         [
-            sys.executable, "-m", "gpufleet.pager", "--listen", f"{pager_host}:{pager_port}",
+            sys.executable, "-m", "gpufleet.lab.pager", "--listen", f"{pager_host}:{pager_port}",
         ],
         workdir / "pager.log",
     )  # fmt: skip

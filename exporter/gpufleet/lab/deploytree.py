@@ -11,7 +11,7 @@ machine's addresses.
 In a checkout the two configurations are symbolic links to ``deploy/`` (the files
 compose mounts); installed from a wheel, where no ``deploy/`` exists, they are
 copied from the package, which carries verbatim copies of them (``gpufleet/deploy/``,
-refreshed by ``python -m gpufleet.deploytree`` in ``make generate``, checked by
+refreshed by ``python -m gpufleet.lab.deploytree`` in ``make generate``, checked by
 ``make check-generated``). The rules are always generated into ``<root>/alerts`` by
 the package's own rule generator, the same code that writes ``alerts/``.
 """
@@ -39,7 +39,7 @@ TARGET_JOBS = ("agents", "fleet", "alertmanager")
 
 def find_checkout() -> Path | None:
     """The repository this package runs from, if it is a checkout with ``deploy/`` (not a wheel)."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     if (root / "pyproject.toml").exists() and all((root / path).exists() for path in CONFIGS):
         return root
     return None
@@ -160,7 +160,7 @@ def sync_package_copies(root: Path) -> list[Path]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m gpufleet.deploytree",
+        prog="python -m gpufleet.lab.deploytree",
         description="Copy deploy/'s Prometheus and Alertmanager configurations into the "
         "package, so that `gpufleet demo` runs them from a wheel too.",
     )

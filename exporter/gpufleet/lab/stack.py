@@ -21,16 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpufleet.devstack import (
-    ManagedProcess,
-    PrometheusServer,
-    backfill,
-    free_port,
-    http_get,
-    static_scrape_config,
-    wait_until,
-)
 from gpufleet.fleet.ledger_client import LedgerClient
+from gpufleet.lab.devstack import PrometheusServer, static_scrape_config
+from gpufleet.lab.processes import ManagedProcess, backfill, free_port, http_get, wait_until
 from gpufleet.rules.__main__ import write_all
 from gpufleet.rules.config import RulesConfig
 from gpufleet.rules.inline import Inliner

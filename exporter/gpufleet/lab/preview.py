@@ -1,8 +1,8 @@
 """Draw each dashboard's data as a PNG in its grid layout:
-``python -m gpufleet.dashboards.preview --out docs/dashboards``.
+``python -m gpufleet.lab.preview --out docs/dashboards``.
 
 No Grafana server runs here, so this is a preview of what the panels show, not a
-Grafana replacement: the scenario of the dashboard tests (``gpufleet.dashboards.stack``)
+Grafana replacement: the scenario of the dashboard tests (``gpufleet.lab.stack``)
 is queried panel by panel from a real Prometheus and drawn with matplotlib as a
 timeseries, stat, table or heatmap.
 """
@@ -28,7 +28,7 @@ from matplotlib.axes import Axes
 
 from gpufleet.dashboards.build import dashboards
 from gpufleet.dashboards.common import WIDTH, render
-from gpufleet.dashboards.stack import QUERY_STEP_S, FedPrometheus, fed_prometheus
+from gpufleet.lab.stack import QUERY_STEP_S, FedPrometheus, fed_prometheus
 
 ROW_INCHES = 0.27  # one grid row (30 px in Grafana) at 16 inches for 24 columns
 FIGURE_WIDTH = 16.0
