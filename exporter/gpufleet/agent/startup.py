@@ -11,7 +11,7 @@ from gpufleet.gpu.reader import NvmlUnavailable
 log = logging.getLogger("gpufleet.agent")
 
 
-def run_agent(settings: AgentSettings, log_level: str) -> int:
+def start_agent(settings: AgentSettings, log_level: str) -> int:
     """Serve until SIGINT/SIGTERM; 1, with one line on stderr, when NVML is missing."""
     agent = Agent(settings)
     try:

@@ -152,7 +152,7 @@ def ledger_settings(values: argparse.Namespace) -> ForwardSettings | None:
 def run_agent(values: argparse.Namespace) -> int:
     from gpufleet.agent.app import AgentSettings
     from gpufleet.agent.connections import ConnectionLimits
-    from gpufleet.agent.startup import run_agent as start
+    from gpufleet.agent.startup import start_agent
     from gpufleet.agent.training_aggregate import IngestLimits
 
     resolve.configure_logging(values.log_level)
@@ -176,7 +176,7 @@ def run_agent(values: argparse.Namespace) -> int:
         connections=resolve.settings(ConnectionLimits, values),
         ledger=ledger_settings(values),
     )
-    return start(agent, values.log_level)
+    return start_agent(agent, values.log_level)
 
 
 def run_nvml_record(values: argparse.Namespace) -> int:

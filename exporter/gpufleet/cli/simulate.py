@@ -89,9 +89,11 @@ def run_simulate(values: argparse.Namespace) -> int:
 
 
 def run_demo(values: argparse.Namespace) -> int:
-    from gpufleet.lab.demo import run_demo as run
+    from gpufleet.lab.demo import run_demo_stack
 
-    return run(Path(values.workdir), values.scenario, values.nodes, pager_port=values.pager_port)
+    return run_demo_stack(
+        Path(values.workdir), values.scenario, values.nodes, pager_port=values.pager_port
+    )
 
 
 def run_mixin(values: argparse.Namespace) -> int:

@@ -89,7 +89,7 @@ def announce(scenario: str, nodes: int, gpus: int, start: float) -> str:
     return head + story(scenario, start)
 
 
-def run_demo(
+def run_demo_stack(
     workdir: Path,
     scenario: str = "demo",
     nodes: int = 64,
