@@ -23,12 +23,8 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet.agent.app import Agent, AgentSettings
-from gpufleet.agent.connections import (
-    ConnectionGuard,
-    ConnectionLimits,
-    GuardedHttpToolsProtocol,
-)
-from gpufleet.agent.training_aggregate import IngestLimits
+from gpufleet.agent.connections import ConnectionGuard, GuardedHttpToolsProtocol
+from gpufleet.agent.limits import ConnectionLimits, IngestLimits
 from gpufleet.lab.processes import ManagedProcess, free_port, wait_until
 
 GENEROUS_S = 30.0

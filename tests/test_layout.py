@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet.agent.app import Agent, AgentSettings
-from gpufleet.agent.training_aggregate import IngestLimits
+from gpufleet.agent.limits import IngestLimits
 from gpufleet.client import Reporter
 from gpufleet.lab.processes import wait_until
 from gpufleet.reporter.layout import (

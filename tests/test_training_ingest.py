@@ -11,7 +11,8 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet.agent.app import Agent, AgentSettings
-from gpufleet.agent.training_aggregate import SERIES_PER_RANK, IngestLimits, series_per_stage
+from gpufleet.agent.limits import IngestLimits
+from gpufleet.agent.training_state import SERIES_PER_RANK, series_per_stage
 
 
 @dataclass

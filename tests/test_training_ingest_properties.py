@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet.agent.app import Agent, AgentSettings
-from gpufleet.agent.training_aggregate import IngestLimits
+from gpufleet.agent.limits import IngestLimits
 
 json_values = st.recursive(
     st.none()

@@ -14,13 +14,14 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CollectorRegistry
 
 from gpufleet import __version__
-from gpufleet.agent.connections import ConnectionGuard, ConnectionLimits, protocol_for
+from gpufleet.agent.connections import ConnectionGuard, protocol_for
 from gpufleet.agent.hpc_jobs import HpcJobMapping
 from gpufleet.agent.ledger_forward import AttemptRelay, ForwardSettings, LedgerForwarder
+from gpufleet.agent.limits import ConnectionLimits, IngestLimits
 from gpufleet.agent.metrics_endpoint import MetricsEndpoint, Receive, Scope, Send
 from gpufleet.agent.pod_resources import DEFAULT_SOCKET, PodResourcesRefresher
 from gpufleet.agent.selfmetrics import AgentSelfCollector, ScrapeStats
-from gpufleet.agent.training_aggregate import IngestLimits, TrainingAggregator
+from gpufleet.agent.training_aggregate import TrainingAggregator
 from gpufleet.agent.training_ingest import IngestApi
 from gpufleet.agent.training_pods import PodLabelledTraining, TrainingPods
 from gpufleet.gpu.attribution import Attribution, GpuIdType

@@ -28,21 +28,11 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import Counter
-from dataclasses import dataclass
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-
-@dataclass(frozen=True, slots=True)
-class ConnectionLimits:
-    max_connections: int = 512
-    # One client address (a flood's) never holds more; a node's ranks need one each.
-    max_connections_per_client: int = 64
-    header_timeout_s: float = 10.0
-    body_timeout_s: float = 30.0
-    max_header_bytes: int = 16 * 1024
-    keep_alive_s: float = 15.0  # longer than Prometheus's usual interval is not needed
+from gpufleet.agent.limits import ConnectionLimits
 
 
 class ConnectionGuard:

@@ -11,7 +11,7 @@ A batch is applied whole or not at all: caps are checked before anything
 changes. The caps bound combinations (jobs, (job, stage) pairs, ranks per stage,
 series in all), so the scrape stays bounded whatever a client sends. Jobs that
 stop reporting are forgotten after a TTL. A scrape copies the values under the
-lock and builds its families after releasing it.
+lock and builds its families after releasing it (``training_render``).
 """
 
 from __future__ import annotations
@@ -19,66 +19,35 @@ from __future__ import annotations
 import bisect
 import threading
 import time
-from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections import Counter
+from collections.abc import Callable, Iterator
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from gpufleet.agent.limits import IngestLimits
 from gpufleet.agent.training_events import (
     CheckpointBatch,
     FinishedBatch,
     LayoutBatch,
-    LayoutEvent,
     StepBatch,
 )
-from gpufleet.agent.training_view import JobView
-from gpufleet.schema import agent as agent_schema
-from gpufleet.schema import training as ts
+from gpufleet.agent.training_render import IngestCounts, layout_family, training_families
+from gpufleet.agent.training_state import (
+    SERIES_PER_ATTEMPT,
+    SERIES_PER_CHECKPOINT_OP,
+    SERIES_PER_RANK,
+    CheckpointStats,
+    JobState,
+    PendingStep,
+    RankStats,
+    StageStats,
+    series_per_stage,
+)
 
-DEFAULT_STEP_BUCKETS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
-_FINALIZED_MEMORY = 4096  # recent steps whose slowest-rank figure is already counted
 _SWEEP_EVERY_S = 5.0
 _MAX_IN_FLIGHT = 1024  # per job and op (a node has a few ranks; each has one or two open)
 _MAX_PENDING_STEPS = 1024  # per stage: memory stays bounded however fast steps arrive
-
-
-# Series each unit adds to the scrape (checked against the families by a test).
-SERIES_PER_RANK = 2  # rank_compute_seconds, rank_steps
-SERIES_PER_CHECKPOINT_OP = 7  # 3 outcomes, queue wait, service, bytes, in flight
-SERIES_PER_ATTEMPT = 1  # the attempt gauge, once some rank of the stage reported one
-
-
-def series_per_stage(step_buckets: Sequence[float] = DEFAULT_STEP_BUCKETS) -> int:
-    """Series one (training_job, pp_stage) adds: 9 counters, the histogram's buckets
-    (+Inf included), sum and count, 4 gauges, 2 x 3 phase counters."""
-    return 9 + (len(step_buckets) + 1 + 2) + 4 + 6
-
-
-@dataclass(frozen=True, slots=True)
-class IngestLimits:
-    """What one agent accepts. The cardinality caps apply to combinations, so that
-    their product never decides the scrape: a real 8-GPU node needs 1-8 (job, stage)
-    pairs of 8 ranks each (about 300 series); the defaults leave 10-20x headroom and
-    bound the training series at ``max_series`` whatever a client sends."""
-
-    job_ttl_s: float = 900.0
-    max_jobs: int = 16
-    max_stages: int = 64  # (training_job, pp_stage) pairs on this agent
-    max_ranks_per_stage: int = 64
-    max_series: int = 5000  # training and checkpoint series exported, in all
-    # The client sends at most 4096 events per request (gpufleet.client.MAX_BATCH_EVENTS);
-    # its largest such batch is 1.77 MiB (a test measures it), hence 2 MiB.
-    max_batch_events: int = 4096
-    max_body_bytes: int = 2 * 1024 * 1024
-    # Requests read and parsed at once (503 beyond, which the client retries): memory for
-    # bodies stays below this many times max_body_bytes however many connections send.
-    max_concurrent_requests: int = 16
-    rank_window_s: float = 120.0
-    slowest_rank_wait_s: float = 10.0
-    checkpoint_timeout_s: float = 6 * 3600.0
-    step_buckets: tuple[float, ...] = DEFAULT_STEP_BUCKETS
 
 
 class CapExceededError(Exception):
@@ -87,133 +56,6 @@ class CapExceededError(Exception):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
-
-
-@dataclass(slots=True)
-class RankStats:
-    steps: int = 0
-    compute_seconds: float = 0.0
-    last_seen: float = 0.0
-    finished: bool = False
-
-
-@dataclass(slots=True)
-class PendingStep:
-    """A step some local ranks reported, waiting for the rest (or for the wait to pass)."""
-
-    slowest_compute_s: float  # the most compute any local rank reported for it so far
-    first_seen: float
-    ranks_reported: int = 0
-
-
-@dataclass(slots=True)
-class StageStats:
-    buckets: int
-    created: float
-    steps: int = 0
-    step_seconds: float = 0.0
-    compute_seconds: float = 0.0
-    data_wait_seconds: float = 0.0
-    comm_wait_seconds: float = 0.0
-    tokens: int = 0
-    slowest_compute_seconds: float = 0.0
-    slowest_steps: int = 0
-    split_steps: int = 0
-    last_step_time: float = 0.0
-    last_step: int = 0
-    finished_time: float = 0.0  # when every rank seen here had finished; 0 while any runs
-    attempt: int | None = None  # the highest launcher restart count reported; None: none was
-    bucket_counts: list[int] = field(default_factory=list)
-    phase_steps: Counter[str] = field(default_factory=Counter)
-    phase_seconds: dict[str, float] = field(default_factory=dict)
-    ranks: dict[int, RankStats] = field(default_factory=dict)
-    active_ranks: int = 0
-    pending: dict[int, PendingStep] = field(default_factory=dict)
-    finalized: set[int] = field(default_factory=set)
-    finalized_order: deque[int] = field(default_factory=deque)
-
-    def __post_init__(self) -> None:
-        self.bucket_counts = [0] * (self.buckets + 1)  # the last one is +Inf
-
-    def export_copy(self) -> StageStats:
-        """What the families read, copied (the pending-step bookkeeping is left out)."""
-        copy = StageStats(self.buckets, self.created)
-        for name in _STAGE_SCALARS:
-            setattr(copy, name, getattr(self, name))
-        copy.bucket_counts = self.bucket_counts.copy()
-        copy.phase_steps = self.phase_steps.copy()
-        copy.phase_seconds = self.phase_seconds.copy()
-        copy.ranks = {
-            rank_id: RankStats(rank.steps, rank.compute_seconds)
-            for rank_id, rank in self.ranks.items()
-        }
-        return copy
-
-    def finalize(self, step: int) -> None:
-        self.slowest_compute_seconds += self.pending.pop(step).slowest_compute_s
-        self.slowest_steps += 1
-        self.finalized.add(step)
-        self.finalized_order.append(step)
-        if len(self.finalized_order) > _FINALIZED_MEMORY:
-            self.finalized.discard(self.finalized_order.popleft())
-
-
-_STAGE_SCALARS = (
-    "steps",
-    "step_seconds",
-    "compute_seconds",
-    "data_wait_seconds",
-    "comm_wait_seconds",
-    "tokens",
-    "slowest_compute_seconds",
-    "slowest_steps",
-    "split_steps",
-    "last_step_time",
-    "last_step",
-    "finished_time",
-    "attempt",
-    "active_ranks",
-)
-
-
-@dataclass(slots=True)
-class CheckpointStats:
-    outcomes: Counter[str] = field(default_factory=Counter)
-    queue_wait_seconds: float = 0.0
-    service_seconds: float = 0.0
-    bytes: int = 0
-    # (rank, id) -> begin time
-    in_flight: dict[tuple[int, str], float] = field(default_factory=dict)
-
-    def export_copy(self) -> CheckpointStats:
-        return CheckpointStats(
-            self.outcomes.copy(),
-            self.queue_wait_seconds,
-            self.service_seconds,
-            self.bytes,
-            self.in_flight.copy(),  # at most _MAX_IN_FLIGHT entries, copied in C
-        )
-
-
-@dataclass(slots=True)
-class JobState:
-    last_seen: float
-    stages: dict[int, StageStats] = field(default_factory=dict)
-    checkpoints: dict[str, CheckpointStats] = field(default_factory=dict)
-    # each local rank's parallel layout, of the latest attempt reported (frozen: shared)
-    layout: dict[int, LayoutEvent] = field(default_factory=dict)
-
-    def export_copy(self) -> JobState:
-        return JobState(
-            self.last_seen,
-            {pp_stage: stage.export_copy() for pp_stage, stage in self.stages.items()},
-            {op: stats.export_copy() for op, stats in self.checkpoints.items()},
-            self.layout.copy(),
-        )
-
-    @property
-    def layout_series(self) -> int:
-        return sum(len(event.groups) for event in self.layout.values())
 
 
 class TrainingAggregator(Collector):
@@ -281,10 +123,10 @@ class TrainingAggregator(Collector):
                     continue
                 compute = event.compute_seconds
                 stage.steps += 1
-                stage.step_seconds += event.duration_s
-                stage.compute_seconds += compute
-                stage.data_wait_seconds += event.data_wait_s
-                stage.comm_wait_seconds += event.comm_wait_s
+                stage.duration_s += event.duration_s
+                stage.compute_s += compute
+                stage.data_wait_s += event.data_wait_s
+                stage.comm_wait_s += event.comm_wait_s
                 stage.tokens += event.tokens
                 if event.timed_split:
                     stage.split_steps += 1
@@ -294,7 +136,7 @@ class TrainingAggregator(Collector):
                     stage.phase_seconds.get("train", 0.0) + event.duration_s
                 )
                 rank.steps += 1
-                rank.compute_seconds += compute
+                rank.compute_s += compute
                 self._note_slowest(stage, event.step, compute, now)
 
     def _note_slowest(self, stage: StageStats, step: int, compute: float, now: float) -> None:
@@ -338,8 +180,8 @@ class TrainingAggregator(Collector):
                     continue
                 stats.in_flight.pop(key, None)
                 stats.outcomes["ok" if event.ok else "failed"] += 1
-                stats.queue_wait_seconds += event.queue_wait_s
-                stats.service_seconds += event.service_s
+                stats.queue_wait_s += event.queue_wait_s
+                stats.service_s += event.service_s
                 stats.bytes += event.bytes
 
     def add_finished(self, batch: FinishedBatch) -> None:
@@ -536,37 +378,12 @@ class TrainingAggregator(Collector):
         for name in [n for n, job in self._jobs.items() if now - job.last_seen > limits.job_ttl_s]:
             self._forget(name)
         for job in self._jobs.values():
-            for stage in job.stages.values():
-                stage.active_ranks = sum(
-                    1 for r in stage.ranks.values() if now - r.last_seen <= limits.rank_window_s
-                )
-                late = [
-                    step
-                    for step, pending in stage.pending.items()
-                    if now - pending.first_seen >= limits.slowest_rank_wait_s
-                ]
-                for step in late:
-                    stage.finalize(step)
-            for stats in job.checkpoints.values():
-                expired = [
-                    key
-                    for key, began in stats.in_flight.items()
-                    if now - began > limits.checkpoint_timeout_s
-                ]
-                for key in expired:
-                    del stats.in_flight[key]
-                    stats.outcomes["abandoned"] += 1
+            job.expire(now, limits)
 
     def _forget(self, name: str) -> None:
         job = self._jobs.pop(name)
         self._stages -= len(job.stages)
-        self._series -= self._series_per_stage * len(job.stages)
-        self._series -= SERIES_PER_RANK * sum(len(stage.ranks) for stage in job.stages.values())
-        self._series -= SERIES_PER_ATTEMPT * sum(
-            stage.attempt is not None for stage in job.stages.values()
-        )
-        self._series -= SERIES_PER_CHECKPOINT_OP * len(job.checkpoints)
-        self._series -= job.layout_series
+        self._series -= self._series_per_stage * len(job.stages) + job.series
         self._jobs_expired += 1
 
     # -- exposition ---------------------------------------------------------------
@@ -576,7 +393,8 @@ class TrainingAggregator(Collector):
         # building and rendering the families happen after it, so ingest never waits on them.
         with self._lock:
             self._sweep(self._clock())
-            jobs = {name: job.export_copy() for name, job in self._jobs.items()}
+            jobs = {name: job.counts() for name, job in self._jobs.items()}
+            layouts = {name: job.layout.copy() for name, job in self._jobs.items()}
             counts = IngestCounts(
                 Counter(self._accepted),
                 Counter(self._rejected),
@@ -586,137 +404,5 @@ class TrainingAggregator(Collector):
                 self._series,
             )
         yield from training_families(self.node, jobs, self.limits.step_buckets)
-        yield layout_family(self.node, jobs)
+        yield layout_family(self.node, layouts)
         yield from counts.families()
-
-
-@dataclass(frozen=True, slots=True)
-class IngestCounts:
-    """The ingest bookkeeping, copied out of the aggregator for one scrape."""
-
-    accepted: Counter[str]
-    rejected: Counter[str]
-    client_dropped: int
-    jobs: int
-    jobs_expired: int
-    series: int
-
-    def families(self) -> Iterable[Metric]:
-        accepted = agent_schema.INGEST_ACCEPTED.counter()
-        for kind in agent_schema.INGEST_KINDS:
-            accepted.add_metric([kind], self.accepted.get(kind, 0))
-        rejected = agent_schema.INGEST_REJECTED.counter()
-        for reason, count in sorted(self.rejected.items()):
-            rejected.add_metric([reason], count)
-        dropped = agent_schema.INGEST_CLIENT_DROPPED.counter()
-        dropped.add_metric([], self.client_dropped)
-        jobs = agent_schema.INGEST_JOBS.gauge()
-        jobs.add_metric([], self.jobs)
-        series = agent_schema.INGEST_SERIES.gauge()
-        series.add_metric([], self.series)
-        expired = agent_schema.INGEST_JOBS_EXPIRED.counter()
-        expired.add_metric([], self.jobs_expired)
-        yield from (accepted, rejected, dropped, jobs, series, expired)
-
-
-def training_families(
-    node: str, jobs: Mapping[str, JobView], step_buckets: Sequence[float] = DEFAULT_STEP_BUCKETS
-) -> Iterable[Metric]:
-    """The training and checkpoint families for one node's jobs.
-
-    Shared by the agent's aggregator and the simulator, so a simulated node
-    exposes exactly what a real agent does.
-    """
-    steps = ts.STEPS.counter()
-    step_s = ts.STEP_SECONDS.counter()
-    compute_s = ts.COMPUTE_SECONDS.counter()
-    data_s = ts.DATA_WAIT_SECONDS.counter()
-    comm_s = ts.COLLECTIVE_WAIT_SECONDS.counter()
-    tokens = ts.TOKENS.counter()
-    slow_s = ts.SLOWEST_RANK_COMPUTE_SECONDS.counter()
-    slow_n = ts.SLOWEST_RANK_STEPS.counter()
-    split_n = ts.SPLIT_STEPS.counter()
-    histogram = ts.STEP_DURATION.histogram()
-    last_ts = ts.LAST_STEP_TIMESTAMP.gauge()
-    last_step = ts.STEP_NUMBER.gauge()
-    ranks = ts.RANKS.gauge()
-    finished = ts.FINISHED_TIMESTAMP.gauge()
-    attempt = ts.ATTEMPT.gauge()
-    phase_n = ts.PHASE_STEPS.counter()
-    phase_s = ts.PHASE_SECONDS.counter()
-    rank_compute = ts.RANK_COMPUTE_SECONDS.counter()
-    rank_steps = ts.RANK_STEPS.counter()
-    bounds = [*(str(b) for b in step_buckets), "+Inf"]
-    for job_name, job in sorted(jobs.items()):
-        for pp_stage, stage in sorted(job.stages.items()):
-            labels = [job_name, node, str(pp_stage)]
-            steps.add_metric(labels, stage.steps)
-            step_s.add_metric(labels, stage.step_seconds)
-            compute_s.add_metric(labels, stage.compute_seconds)
-            data_s.add_metric(labels, stage.data_wait_seconds)
-            comm_s.add_metric(labels, stage.comm_wait_seconds)
-            tokens.add_metric(labels, stage.tokens)
-            slow_s.add_metric(labels, stage.slowest_compute_seconds)
-            slow_n.add_metric(labels, stage.slowest_steps)
-            split_n.add_metric(labels, stage.split_steps)
-            cumulative, running = [], 0
-            for bound, count in zip(bounds, stage.bucket_counts, strict=True):
-                running += count
-                cumulative.append((bound, float(running)))
-            histogram.add_metric(labels, cumulative, stage.step_seconds)
-            last_ts.add_metric(labels, stage.last_step_time)
-            last_step.add_metric(labels, stage.last_step)
-            ranks.add_metric(labels, stage.active_ranks)
-            finished.add_metric(labels, stage.finished_time)
-            if stage.attempt is not None:
-                attempt.add_metric(labels, stage.attempt)
-            for phase in ts.PHASES:
-                phase_n.add_metric([*labels, phase], stage.phase_steps.get(phase, 0))
-                phase_s.add_metric([*labels, phase], stage.phase_seconds.get(phase, 0.0))
-            for rank_id, rank in sorted(stage.ranks.items()):
-                rank_compute.add_metric([*labels, str(rank_id)], rank.compute_seconds)
-                rank_steps.add_metric([*labels, str(rank_id)], rank.steps)
-    yield from (steps, step_s, compute_s, data_s, comm_s, tokens, slow_s, slow_n, split_n)
-    yield histogram
-    yield from (last_ts, last_step, ranks, finished, attempt)
-    yield from (phase_n, phase_s, rank_compute, rank_steps)
-    yield from _checkpoint_families(node, jobs)
-
-
-def _checkpoint_families(node: str, jobs: Mapping[str, JobView]) -> Iterable[Metric]:
-    operations = ts.CHECKPOINT_OPERATIONS.counter()
-    queue = ts.CHECKPOINT_QUEUE_WAIT_SECONDS.counter()
-    service = ts.CHECKPOINT_SERVICE_SECONDS.counter()
-    size = ts.CHECKPOINT_BYTES.counter()
-    in_flight = ts.CHECKPOINT_IN_FLIGHT.gauge()
-    for job_name, job in sorted(jobs.items()):
-        for op, stats in sorted(job.checkpoints.items()):
-            key = [job_name, node, op]
-            for outcome in ts.CHECKPOINT_OUTCOMES:
-                operations.add_metric([*key, outcome], stats.outcomes.get(outcome, 0))
-            queue.add_metric(key, stats.queue_wait_seconds)
-            service.add_metric(key, stats.service_seconds)
-            size.add_metric(key, stats.bytes)
-            in_flight.add_metric(key, len(stats.in_flight))
-    yield from (operations, queue, service, size, in_flight)
-
-
-def layout_family(node: str, jobs: Mapping[str, JobState]) -> Metric:
-    """One series per local rank and parallel group, its value the group's size."""
-    sizes = ts.PARALLEL_GROUP_SIZE.gauge()
-    for job_name, job in sorted(jobs.items()):
-        for rank, event in sorted(job.layout.items()):
-            attempt = "" if event.attempt is None else str(event.attempt)
-            for group in event.groups:
-                labels = [
-                    job_name,
-                    node,
-                    str(rank),
-                    attempt,
-                    group.group,
-                    str(group.group_first_rank),
-                    str(group.group_rank),
-                    event.nvlink_domain or "",
-                ]
-                sizes.add_metric(labels, group.size)
-    return sizes

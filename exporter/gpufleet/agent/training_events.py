@@ -23,20 +23,26 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from gpufleet.fleet.models import AttemptEventIn
-from gpufleet.reporter.events import MAX_ATTEMPT_EVENTS
+from gpufleet.reporter.wire import (
+    GROUP_NAME_PATTERN,
+    MAX_ATTEMPT,
+    MAX_ATTEMPT_EVENTS,
+    MAX_CHECKPOINT_BYTES,
+    MAX_CHECKPOINT_SECONDS,
+    MAX_GROUPS,
+    MAX_ID_LENGTH,
+    MAX_RANK,
+    MAX_STAGE,
+    MAX_STEP_NUMBER,
+    MAX_STEP_SECONDS,
+    MAX_TOKENS_PER_STEP,
+)
 from gpufleet.schema.labels import TrainingJob
 
-# Longest step / checkpoint operation that is still plausible. Anything longer is
-# a clock or unit mistake (milliseconds sent as seconds), not a measurement.
-MAX_STEP_SECONDS = 3600.0
-MAX_CHECKPOINT_SECONDS = 86400.0
-MAX_TOKENS_PER_STEP = 10**9
-MAX_CHECKPOINT_BYTES = 10**15  # 1 PB
-MAX_ATTEMPT = 1_000_000  # launcher restarts of one job
 SPLIT_TOLERANCE = 1.05  # the parts of a step may exceed its wall time by timer jitter
 
-Rank = Annotated[int, Field(ge=0, le=1 << 20)]
-Stage = Annotated[int, Field(ge=0, le=1023)]
+Rank = Annotated[int, Field(ge=0, le=MAX_RANK)]
+Stage = Annotated[int, Field(ge=0, le=MAX_STAGE)]
 Attempt = Annotated[int, Field(ge=0, le=MAX_ATTEMPT)]
 Seconds = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
 Phase = Literal["train", "eval", "checkpoint"]
@@ -58,7 +64,7 @@ class StepEvent(_Strict):
     # The launcher's restart count (torchrun's TORCHELASTIC_RESTART_COUNT): 0 on the first
     # launch, the same training_job on every restart. Absent: unknown (an older client).
     attempt: Attempt | None = None
-    step: Annotated[int, Field(ge=0, le=1 << 53)]
+    step: Annotated[int, Field(ge=0, le=MAX_STEP_NUMBER)]
     duration_s: Annotated[float, Field(gt=0.0, le=MAX_STEP_SECONDS, allow_inf_nan=False)]
     compute_s: Annotated[float | None, Field(ge=0.0, le=MAX_STEP_SECONDS, allow_inf_nan=False)] = (
         None
@@ -114,7 +120,7 @@ class CheckpointEvent(_Strict):
     rank: Rank
     op: CheckpointOp
     event: Literal["begin", "end"]
-    id: Annotated[str, StringConstraints(min_length=1, max_length=128)]
+    id: Annotated[str, StringConstraints(min_length=1, max_length=MAX_ID_LENGTH)]
     queue_wait_s: Annotated[
         float, Field(ge=0.0, le=MAX_CHECKPOINT_SECONDS, allow_inf_nan=False)
     ] = 0.0
@@ -159,18 +165,13 @@ class AttemptBatch(BaseModel):
     events: Annotated[list[AttemptEventIn], Field(min_length=1, max_length=MAX_ATTEMPT_EVENTS)]
 
 
-# Limits of a rank's parallel layout (the client keeps the same, as literals).
-MAX_PARALLEL_GROUPS = 8
-GROUP_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,15}$"
-
-
 class ParallelGroup(_Strict):
     """One parallel group a rank is in: its kind (``tp``, ``pp``, ``dp``, ``cp``, ``ep`` or
     a DeviceMesh dimension's name), its size, the rank's position in it, and its lowest
     global rank, which names the group the same way on each of its ranks."""
 
     group: Annotated[str, StringConstraints(pattern=GROUP_NAME_PATTERN)]
-    size: Annotated[int, Field(ge=1, le=(1 << 20) + 1)]
+    size: Annotated[int, Field(ge=1, le=MAX_RANK + 1)]
     group_rank: Rank
     group_first_rank: Rank
 
@@ -192,7 +193,7 @@ class LayoutEvent(_Strict):
     attempt: Attempt | None = None
     # The NVLink domain of the rank's node, where the site names it (GPUFLEET_NVLINK_DOMAIN).
     nvlink_domain: TrainingJob | None = None
-    groups: Annotated[list[ParallelGroup], Field(max_length=MAX_PARALLEL_GROUPS)]
+    groups: Annotated[list[ParallelGroup], Field(max_length=MAX_GROUPS)]
 
     @model_validator(mode="after")
     def _one_group_per_kind(self) -> LayoutEvent:

@@ -38,8 +38,13 @@ from gpufleet.agent.training_events import (
     StepBatch,
 )
 from gpufleet.agent.training_pods import TrainingPods
-from gpufleet.reporter.events import ATTEMPTS_PATH
-from gpufleet.reporter.layout import LAYOUT_PATH
+from gpufleet.reporter.wire import (
+    ATTEMPTS_PATH,
+    CHECKPOINTS_PATH,
+    FINISHED_PATH,
+    LAYOUT_PATH,
+    STEPS_PATH,
+)
 
 BatchT = TypeVar("BatchT", StepBatch, CheckpointBatch, FinishedBatch, AttemptBatch, LayoutBatch)
 
@@ -93,7 +98,7 @@ class IngestApi:
         add = self.aggregator
         self._route(
             router,
-            "/steps",
+            STEPS_PATH.removeprefix("/v1"),
             StepBatch,
             add.add_steps,
             summary="Record a batch of training steps",
@@ -102,7 +107,7 @@ class IngestApi:
         )
         self._route(
             router,
-            "/checkpoints",
+            CHECKPOINTS_PATH.removeprefix("/v1"),
             CheckpointBatch,
             add.add_checkpoints,
             summary="Record checkpoint operations (begin / end)",
@@ -110,7 +115,7 @@ class IngestApi:
         )
         self._route(
             router,
-            "/finished",
+            FINISHED_PATH.removeprefix("/v1"),
             FinishedBatch,
             add.add_finished,
             summary="Record that ranks finished training",

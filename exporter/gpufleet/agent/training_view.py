@@ -1,111 +1,42 @@
-"""What the training and checkpoint families are rendered from: a read-only view.
+"""What the training and checkpoint families are rendered from: one node's counts.
 
-``training_families`` reads one node's jobs through these protocols. The agent's
-aggregator hands over copies of its own records, which have these attributes;
-the simulator builds the small frozen records below from its arrays. Neither
-fills the other's classes, and the renderer cannot change what it reads.
+``gpufleet.agent.training_render`` reads these records. The agent's aggregator copies
+its state into them for each scrape; the simulator builds them from its arrays. Each
+quantity is named as on the wire (``duration_s``, ``comm_wait_s``...): here a sum over
+the steps or operations counted.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence, Sized
 from dataclasses import dataclass, field
-from typing import Protocol
-
-
-class RankView(Protocol):
-    @property
-    def steps(self) -> int: ...
-    @property
-    def compute_seconds(self) -> float: ...
-
-
-class StageView(Protocol):
-    """One (training_job, node, pp_stage): training-phase sums and the stage's state."""
-
-    @property
-    def steps(self) -> int: ...
-    @property
-    def step_seconds(self) -> float: ...
-    @property
-    def compute_seconds(self) -> float: ...
-    @property
-    def data_wait_seconds(self) -> float: ...
-    @property
-    def comm_wait_seconds(self) -> float: ...
-    @property
-    def tokens(self) -> int: ...
-    @property
-    def slowest_compute_seconds(self) -> float: ...
-    @property
-    def slowest_steps(self) -> int: ...
-    @property
-    def split_steps(self) -> int: ...  # steps whose rank timed its compute or collective wait
-    @property
-    def bucket_counts(self) -> Sequence[int]: ...  # per bucket, not cumulative; +Inf last
-    @property
-    def last_step_time(self) -> float: ...
-    @property
-    def last_step(self) -> int: ...
-    @property
-    def active_ranks(self) -> int: ...
-    @property
-    def finished_time(self) -> float: ...
-    @property
-    def attempt(self) -> int | None: ...  # the highest a rank reported; None: none did
-    @property
-    def phase_steps(self) -> Mapping[str, int]: ...
-    @property
-    def phase_seconds(self) -> Mapping[str, float]: ...
-    @property
-    def ranks(self) -> Mapping[int, RankView]: ...
-
-
-class CheckpointView(Protocol):
-    """One (training_job, node, op)."""
-
-    @property
-    def outcomes(self) -> Mapping[str, int]: ...
-    @property
-    def queue_wait_seconds(self) -> float: ...
-    @property
-    def service_seconds(self) -> float: ...
-    @property
-    def bytes(self) -> int: ...
-    @property
-    def in_flight(self) -> Sized: ...  # the operations open now; only their number is shown
-
-
-class JobView(Protocol):
-    @property
-    def stages(self) -> Mapping[int, StageView]: ...
-    @property
-    def checkpoints(self) -> Mapping[str, CheckpointView]: ...
 
 
 @dataclass(frozen=True, slots=True)
 class RankCounts:
     steps: int
-    compute_seconds: float
+    compute_s: float
 
 
 @dataclass(frozen=True, slots=True)
 class StageCounts:
+    """One (training_job, node, pp_stage): training-phase sums and the stage's state."""
+
     steps: int
-    step_seconds: float
-    compute_seconds: float
-    data_wait_seconds: float
-    comm_wait_seconds: float
+    duration_s: float
+    compute_s: float
+    data_wait_s: float
+    comm_wait_s: float
     tokens: int
-    slowest_compute_seconds: float
+    slowest_compute_s: float
     slowest_steps: int
-    split_steps: int
-    bucket_counts: tuple[int, ...]
+    split_steps: int  # steps whose rank timed its compute or collective wait
+    bucket_counts: Sequence[int]  # per bucket, not cumulative; +Inf last
     last_step_time: float
     last_step: int
     active_ranks: int
     finished_time: float = 0.0
-    attempt: int | None = None
+    attempt: int | None = None  # the highest a rank reported; None: none did
     phase_steps: Mapping[str, int] = field(default_factory=dict)
     phase_seconds: Mapping[str, float] = field(default_factory=dict)
     ranks: Mapping[int, RankCounts] = field(default_factory=dict)
@@ -113,11 +44,13 @@ class StageCounts:
 
 @dataclass(frozen=True, slots=True)
 class CheckpointCounts:
+    """One (training_job, node, op)."""
+
     outcomes: Mapping[str, int]
-    queue_wait_seconds: float
-    service_seconds: float
+    queue_wait_s: float
+    service_s: float
     bytes: int
-    in_flight: Sized = ()
+    in_flight: Sized = ()  # the operations open now; only their number is shown
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ import socket
 import sys
 from typing import TYPE_CHECKING
 
+from gpufleet.agent.limits import ConnectionLimits, IngestLimits
 from gpufleet.cli import kinds, resolve
 from gpufleet.cli.options import Command, ConfigError, Option, env, log_level_option, variables
 
@@ -17,6 +18,13 @@ if TYPE_CHECKING:
 # gpu/attribution.py's (a test checks they agree).
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 GPU_ID_TYPES = ("uid", "device-name")
+_INGEST = IngestLimits()
+_CONNECTIONS = ConnectionLimits()
+
+
+def _flag_default(value: float) -> str:
+    """A limit's default as its flag takes it (900.0 as 900)."""
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def resource_names(value: str) -> tuple[str, ...]:
@@ -83,20 +91,24 @@ AGENT_OPTIONS = variables("GPUFLEET_", (
            "seconds between pod-resources List calls (in a thread, never on a scrape)"),
     Option("--pod-resources-timeout", kinds.positive_seconds, "5",
            "seconds a pod-resources List call may take"),
-    Option("--job-ttl", kinds.ttl_seconds, "900",
+    Option("--job-ttl", kinds.ttl_seconds, _flag_default(_INGEST.job_ttl_s),
            "seconds after which a training job that stopped reporting is forgotten"),
-    Option("--max-jobs", kinds.positive_int, "16", "training jobs tracked at once"),
-    Option("--max-stages", kinds.positive_int, "64",
+    Option("--max-jobs", kinds.positive_int, _flag_default(_INGEST.max_jobs),
+           "training jobs tracked at once"),
+    Option("--max-stages", kinds.positive_int, _flag_default(_INGEST.max_stages),
            "(training_job, pp_stage) pairs tracked at once"),
-    Option("--max-ranks-per-stage", kinds.positive_int, "64",
+    Option("--max-ranks-per-stage", kinds.positive_int, _flag_default(_INGEST.max_ranks_per_stage),
            "ranks tracked per (training_job, pp_stage)"),
-    Option("--max-series", kinds.positive_int, "5000",
+    Option("--max-series", kinds.positive_int, _flag_default(_INGEST.max_series),
            "training and checkpoint series exported, in all"),
-    Option("--max-batch-events", kinds.positive_int, "4096", "events accepted in one POST"),
-    Option("--max-body-bytes", kinds.positive_int, "2097152", "largest ingest body accepted"),
-    Option("--max-connections", kinds.positive_int, "512",
+    Option("--max-batch-events", kinds.positive_int, _flag_default(_INGEST.max_batch_events),
+           "events accepted in one POST"),
+    Option("--max-body-bytes", kinds.positive_int, _flag_default(_INGEST.max_body_bytes),
+           "largest ingest body accepted"),
+    Option("--max-connections", kinds.positive_int, _flag_default(_CONNECTIONS.max_connections),
            "HTTP connections held open; beyond it the oldest idle one is closed"),
-    Option("--max-connections-per-client", kinds.positive_int, "64",
+    Option("--max-connections-per-client", kinds.positive_int,
+           _flag_default(_CONNECTIONS.max_connections_per_client),
            "HTTP connections one client address may hold"),
     log_level_option("GPUFLEET_LOG_LEVEL"),
 ))
@@ -151,9 +163,7 @@ def ledger_settings(values: argparse.Namespace) -> ForwardSettings | None:
 
 def run_agent(values: argparse.Namespace) -> int:
     from gpufleet.agent.app import AgentSettings
-    from gpufleet.agent.connections import ConnectionLimits
     from gpufleet.agent.startup import start_agent
-    from gpufleet.agent.training_aggregate import IngestLimits
 
     resolve.configure_logging(values.log_level)
     if values.kubernetes:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gpufleet.agent.training_aggregate import DEFAULT_STEP_BUCKETS
+from gpufleet.agent.limits import DEFAULT_STEP_BUCKETS
 from gpufleet.schema import gpu as cat
 from gpufleet.simulate.config import ClusterSpec, Scenario
 from gpufleet.simulate.faults import (

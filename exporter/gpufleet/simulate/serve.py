@@ -22,7 +22,7 @@ from prometheus_client.metrics_core import Metric
 
 from gpufleet import __version__
 from gpufleet.agent.metrics_endpoint import Receive, Scope, Send
-from gpufleet.agent.training_aggregate import training_families
+from gpufleet.agent.training_render import training_families
 from gpufleet.agent.training_view import CheckpointCounts, JobCounts, RankCounts, StageCounts
 from gpufleet.exposition import CONTENT_TYPE, PrecompressedPart, render
 from gpufleet.gpu.render import gpu_families
@@ -100,12 +100,12 @@ def job_state(cluster: Cluster, node: int) -> dict[str, JobCounts]:
     steps, step_seconds = int(t.steps[node]), float(t.step_seconds[node])
     stage = StageCounts(
         steps=steps,
-        step_seconds=step_seconds,
-        compute_seconds=float(t.compute[node]),
-        data_wait_seconds=float(t.data_wait[node]),
-        comm_wait_seconds=float(t.comm_wait[node]),
+        duration_s=step_seconds,
+        compute_s=float(t.compute[node]),
+        data_wait_s=float(t.data_wait[node]),
+        comm_wait_s=float(t.comm_wait[node]),
         tokens=int(t.tokens[node]),
-        slowest_compute_seconds=float(t.slowest_compute[node]),
+        slowest_compute_s=float(t.slowest_compute[node]),
         slowest_steps=int(t.slowest_steps[node]),
         split_steps=int(t.split_steps[node]),
         bucket_counts=tuple(int(count) for count in t.buckets[node]),
@@ -124,8 +124,8 @@ def job_state(cluster: Cluster, node: int) -> dict[str, JobCounts]:
     )
     checkpoints = CheckpointCounts(
         outcomes={"ok": int(t.ckpt_ok[node])},
-        queue_wait_seconds=float(t.ckpt_queue[node]),
-        service_seconds=float(t.ckpt_service[node]),
+        queue_wait_s=float(t.ckpt_queue[node]),
+        service_s=float(t.ckpt_service[node]),
         bytes=int(t.ckpt_bytes[node]),
         in_flight=range(int(t.ckpt_in_flight[node])),  # only their number is shown
     )
