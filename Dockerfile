@@ -10,6 +10,9 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md constraints.txt ./
 COPY exporter/ exporter/
+# The package's demo configurations (gpufleet/deploy/) are links to these: one committed copy.
+COPY deploy/prometheus/ deploy/prometheus/
+COPY deploy/alertmanager/ deploy/alertmanager/
 # The services' extras (agent and ledger; sim: the simulator, its numpy and pyyaml) at the
 # exact versions CI runs (constraints.txt), without the dev/test extras; every dependency
 # ships a binary wheel, so no compiler is needed here either.

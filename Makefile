@@ -112,17 +112,18 @@ format: venv
 	$(VENV)/bin/ruff check --fix exporter tests bench
 	$(VENV)/bin/ruff format exporter tests bench
 
-GENERATED := alerts dashboards helm/gpufleet/files exporter/gpufleet/deploy
+GENERATED := alerts dashboards
 
 # Rule files come from exporter/gpufleet/rules/, dashboards from exporter/gpufleet/dashboards/;
-# never edit them by hand. The chart carries copies of the rules and dashboards
-# (helm/gpufleet/files/), refreshed last; the package carries copies of deploy/'s demo
-# configurations (exporter/gpufleet/deploy/) for `gpufleet demo` from a wheel.
+# never edit them by hand. Each generated file has one committed copy; the others are links
+# to it: helm/gpufleet/files/{rules,dashboards} link to alerts/ and dashboards/ (helm
+# template, lint and package follow links inside the repository; .Files reads only the
+# chart's directory, hence links, not paths), and exporter/gpufleet/deploy/'s demo
+# configurations link to deploy/'s (the wheel and sdist carry the files; the Dockerfile
+# copies deploy/prometheus/ and deploy/alertmanager/ beside exporter/ for them).
 generate: venv
 	$(PY) -m gpufleet.rules --out alerts
 	$(PY) -m gpufleet.dashboards --out dashboards
-	$(PY) -m gpufleet.chart
-	$(PY) -m gpufleet.lab.deploytree
 
 check-generated: generate
 	@git diff --exit-code --stat -- $(GENERATED) && \

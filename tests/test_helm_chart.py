@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import subprocess
+import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,6 @@ import pytest
 import yaml
 
 from deploy_tools import CHART, REPO, helm
-from gpufleet.chart import sync_chart_files
 
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
 # The Prometheus Operator's CRDs, copied with their licence (see the README there).
@@ -552,20 +552,34 @@ def test_the_agent_service_monitor_honors_the_agent_s_pod_labels() -> None:
     assert "honorLabels" not in fleet["spec"]["endpoints"][0]
 
 
-def test_chart_copies_match_their_sources(tmp_path: Path) -> None:
-    # What `make check-generated` enforces, here without git: a fresh sync changes nothing.
-    before = {path.relative_to(CHART): path.read_bytes() for path in (CHART / "files").rglob("*.*")}
-    for source in ("alerts", "dashboards"):
-        if (REPO / source).exists():
-            (tmp_path / source).symlink_to(REPO / source)
-    (tmp_path / "helm" / "gpufleet").mkdir(parents=True)
-    (tmp_path / "helm" / "gpufleet" / "Chart.yaml").write_text("name: x\n")
-    sync_chart_files(tmp_path)
-    after = {
-        path.relative_to(tmp_path / "helm" / "gpufleet"): path.read_bytes()
-        for path in (tmp_path / "helm" / "gpufleet" / "files").rglob("*.*")
+def test_the_chart_links_the_generated_rules_and_dashboards_and_packages_them(
+    tmp_path: Path,
+) -> None:
+    # One committed copy: files/rules and files/dashboards are links to alerts/ and
+    # dashboards/, and `helm package` follows them (without the runbook and promtool tests).
+    for link, source in (("rules", "alerts"), ("dashboards", "dashboards")):
+        path = CHART / "files" / link
+        assert path.is_symlink() and path.resolve() == (REPO / source).resolve()
+    result = subprocess.run(
+        [str(helm()), "package", str(CHART), "--destination", str(tmp_path)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    (package,) = tmp_path.glob("gpufleet-*.tgz")
+    with tarfile.open(package) as archive:
+        packaged = {
+            member.name.removeprefix("gpufleet/"): archive.extractfile(member).read()
+            for member in archive.getmembers()
+            if member.name.startswith("gpufleet/files/")
+        }
+    expected = {
+        f"files/rules/{path.name}": path.read_bytes()
+        for path in sorted((REPO / "alerts").glob("*.rules.yaml"))
+    } | {
+        f"files/dashboards/{path.name}": path.read_bytes()
+        for path in sorted((REPO / "dashboards").glob("*.json"))
     }
-    assert after == before
+    assert packaged == expected
 
 
 def value_paths(values: dict[str, Any], prefix: str = "") -> Iterator[str]:
@@ -597,17 +611,6 @@ def test_defaults_meet_the_restricted_pod_security_standard() -> None:
             assert set(volume) - {"name"} <= allowed_volumes, volume
         for container in spec["containers"]:
             assert all("hostPort" not in port for port in container["ports"])
-
-
-def test_sync_removes_copies_whose_source_is_gone(tmp_path: Path) -> None:
-    (tmp_path / "alerts").mkdir()
-    (tmp_path / "alerts" / "a.rules.yaml").write_text("groups: []\n")
-    stale = tmp_path / "helm/gpufleet/files/rules/old.rules.yaml"
-    stale.parent.mkdir(parents=True)
-    stale.write_text("groups: []\n")
-    written = sync_chart_files(tmp_path)
-    assert [path.name for path in written] == ["a.rules.yaml"]
-    assert not stale.exists()
 
 
 def test_every_gpufleet_variable_the_chart_sets_is_one_the_cli_reads() -> None:

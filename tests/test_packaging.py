@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import tomllib
 import urllib.request
 import venv
@@ -237,10 +238,31 @@ def test_every_extra_a_command_names_exists_and_brings_the_modules_it_is_named_f
         assert any(text.startswith(wanted) for text in extras[extra]), (module, extra)
 
 
-def test_the_package_carries_verbatim_copies_of_the_demo_configurations() -> None:
+def test_the_package_links_the_demo_configurations_and_the_sdist_carries_them(
+    tmp_path: Path,
+) -> None:
+    # One committed copy: gpufleet/deploy/ links to deploy/; the sdist (and the wheel built
+    # from it, or from the checkout: test_gpufleet_demo_runs_from_a_wheel_install) holds
+    # the files themselves.
     for relative in CONFIGS:
-        copy = REPO / PACKAGE_COPIES / relative
-        assert copy.read_bytes() == (REPO / relative).read_bytes(), f"{copy}: make generate"
+        link = REPO / PACKAGE_COPIES / relative
+        assert link.is_symlink() and link.resolve() == (REPO / relative).resolve()
+    script = (
+        "import sys; from setuptools import build_meta; print(build_meta.build_sdist(sys.argv[1]))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    with tarfile.open(tmp_path / result.stdout.split()[-1]) as sdist:
+        for relative in CONFIGS:
+            (member,) = [
+                m for m in sdist.getmembers() if m.name.endswith(f"/{PACKAGE_COPIES / relative}")
+            ]
+            assert member.isfile()
+            content = sdist.extractfile(member)
+            assert content is not None and content.read() == (REPO / relative).read_bytes()
 
 
 @pytest.fixture

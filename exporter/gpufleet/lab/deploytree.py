@@ -10,15 +10,14 @@ machine's addresses.
 
 In a checkout the two configurations are symbolic links to ``deploy/`` (the files
 compose mounts); installed from a wheel, where no ``deploy/`` exists, they are
-copied from the package, which carries verbatim copies of them (``gpufleet/deploy/``,
-refreshed by ``python -m gpufleet.lab.deploytree`` in ``make generate``, checked by
-``make check-generated``). The rules are always generated into ``<root>/alerts`` by
-the package's own rule generator, the same code that writes ``alerts/``.
+copied from the package. The package's ``gpufleet/deploy/`` files are links to
+``deploy/``'s, which the wheel and the sdist carry as the files themselves: one
+committed copy. The rules are always generated into ``<root>/alerts`` by the
+package's own rule generator, the same code that writes ``alerts/``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import urllib.parse
 from collections.abc import Sequence
@@ -31,7 +30,7 @@ import yaml
 PROMETHEUS_CONFIG = Path("deploy/prometheus/prometheus.yml")
 ALERTMANAGER_CONFIG = Path("deploy/alertmanager/alertmanager.yml")
 CONFIGS = (PROMETHEUS_CONFIG, ALERTMANAGER_CONFIG)
-# Where the package keeps its copies of CONFIGS: gpufleet/deploy/<...> for deploy/<...>.
+# Where the package links CONFIGS: gpufleet/deploy/<...> for deploy/<...>.
 PACKAGE_COPIES = Path("exporter/gpufleet")
 # file_sd directories the Prometheus configuration reads (targets/<job>/*.json).
 TARGET_JOBS = ("agents", "fleet", "alertmanager")
@@ -143,35 +142,3 @@ def packaged_config(relative: Path) -> bytes:
     if not copy.is_file():
         raise DeployTreeError(f"the installed gpufleet package has no {relative}")
     return copy.read_bytes()
-
-
-def sync_package_copies(root: Path) -> list[Path]:
-    """Copy ``root/deploy``'s demo configurations into the package; return the copies."""
-    written = []
-    for relative in CONFIGS:
-        target = root / PACKAGE_COPIES / relative
-        content = (root / relative).read_bytes()
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if not target.exists() or target.read_bytes() != content:
-            target.write_bytes(content)
-        written.append(target)
-    return written
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m gpufleet.lab.deploytree",
-        description="Copy deploy/'s Prometheus and Alertmanager configurations into the "
-        "package, so that `gpufleet demo` runs them from a wheel too.",
-    )
-    parser.add_argument("--root", default=".", help="repository root (default: .)")
-    root = Path(parser.parse_args(argv).root)
-    if not all((root / path).exists() for path in CONFIGS):
-        parser.error(f"--root {root}: no {PROMETHEUS_CONFIG} there; run from the repository")
-    for path in sync_package_copies(root):
-        print(f"wrote {path}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
