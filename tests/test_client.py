@@ -23,8 +23,8 @@ from gpufleet.client import (
     job_from_environment,
     rank_from_environment,
 )
-from gpufleet.lab.processes import free_port, wait_until
-from gpufleet.reporter import reporter as training_client
+from gpufleet.devstack import free_port, wait_until
+from gpufleet.reporter import identity
 from gpufleet.reporter.events import StepEvent
 
 
@@ -262,7 +262,7 @@ def test_disabled_reporter_does_nothing(monkeypatch: pytest.MonkeyPatch) -> None
 
 def test_configuration_from_launcher_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     # every variable the client reads, so the machine running the test cannot leak in
-    read = (*training_client._JOB_VARIABLES, *training_client._RANK_VARIABLES)
+    read = (*identity.JOB_VARIABLES, *identity.RANK_VARIABLES)
     for name in (*read, "GPUFLEET_AGENT_URL", "GPUFLEET_INGEST_TOKEN"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # torchrun's placeholder is skipped
@@ -277,14 +277,14 @@ def test_configuration_from_launcher_environment(monkeypatch: pytest.MonkeyPatch
     reporter = Reporter(enabled=False)
     assert reporter.training_job == "a1b2_c3"  # made acceptable as a label
     assert reporter.rank == 5
-    assert (reporter._host, reporter._port) == ("10.1.2.3", 9999)
-    assert reporter._headers["Authorization"] == "Bearer tok"
+    assert (reporter._agent.host, reporter._agent.port) == ("10.1.2.3", 9999)
+    assert reporter._agent.headers["Authorization"] == "Bearer tok"
 
 
 def test_the_attempt_comes_from_the_launcher_and_an_argument_overrides_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    for name in training_client._ATTEMPT_VARIABLES:
+    for name in identity.ATTEMPT_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     assert attempt_from_environment() == 0
     assert Reporter(enabled=False).attempt == 0
@@ -399,27 +399,11 @@ def test_events_the_agent_refuses_are_dropped_alone_and_the_rest_resent(
 
 
 def test_the_largest_batch_the_client_sends_fits_what_the_agent_accepts() -> None:
-    from gpufleet.agent import training_events as models
-    from gpufleet.agent.training_aggregate import IngestLimits
-    from gpufleet.reporter.events import (
-        MAX_ATTEMPT,
-        MAX_BATCH_EVENTS,
-        MAX_CHECKPOINT_BYTES,
-        MAX_CHECKPOINT_SECONDS,
-        MAX_RANK,
-        MAX_STEP_NUMBER,
-        MAX_STEP_SECONDS,
-        MAX_TOKENS_PER_STEP,
-        CheckpointEvent,
-    )
+    from gpufleet.agent.limits import IngestLimits
+    from gpufleet.reporter.events import CheckpointEvent
+    from gpufleet.reporter.wire import MAX_ATTEMPT, MAX_BATCH_EVENTS, MAX_RANK, MAX_STEP_NUMBER
 
     limits = IngestLimits()
-    assert limits.max_batch_events == MAX_BATCH_EVENTS
-    assert MAX_STEP_SECONDS == models.MAX_STEP_SECONDS
-    assert MAX_CHECKPOINT_SECONDS == models.MAX_CHECKPOINT_SECONDS
-    assert MAX_TOKENS_PER_STEP == models.MAX_TOKENS_PER_STEP
-    assert MAX_CHECKPOINT_BYTES == models.MAX_CHECKPOINT_BYTES
-    assert MAX_ATTEMPT == models.MAX_ATTEMPT
     reporter = Reporter(
         enabled=False,
         training_job="j" * 128,
@@ -449,7 +433,7 @@ def test_the_token_can_come_from_a_file(tmp_path: Path, monkeypatch: pytest.Monk
     secret = tmp_path / "token"
     secret.write_text("from-file\n")
     monkeypatch.setenv("GPUFLEET_INGEST_TOKEN_FILE", str(secret))
-    assert Reporter(enabled=False)._headers["Authorization"] == "Bearer from-file"
+    assert Reporter(enabled=False)._agent.headers["Authorization"] == "Bearer from-file"
 
 
 @pytest.mark.parametrize(

@@ -5,15 +5,14 @@ See :mod:`gpufleet.reporter.reporter` for the details. Adapters:
 ``gpufleet.reporter.huggingface.GpuFleetTrainerCallback`` (Hugging Face Trainer).
 """
 
-from gpufleet.reporter.pod import pod_from_environment
-from gpufleet.reporter.reporter import (
-    CheckpointTimer,
-    Reporter,
-    StepTimer,
+from gpufleet.reporter.identity import (
     attempt_from_environment,
     job_from_environment,
     rank_from_environment,
 )
+from gpufleet.reporter.pod import pod_from_environment
+from gpufleet.reporter.reporter import Reporter
+from gpufleet.reporter.timers import CheckpointTimer, StepTimer
 
 __all__ = [
     "CheckpointTimer",

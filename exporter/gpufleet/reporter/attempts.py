@@ -54,13 +54,13 @@ from dataclasses import dataclass
 from types import FrameType, TracebackType
 
 from gpufleet.reporter.events import (
-    MAX_ATTEMPT,
     AttemptEvent,
     AttemptSource,
     Outcome,
     Trigger,
     cause_name,
 )
+from gpufleet.reporter.wire import MAX_ATTEMPT
 
 ENDED_BUDGET_S = 2.0
 _OFF = ("0", "false", "no", "off")

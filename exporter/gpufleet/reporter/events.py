@@ -13,21 +13,18 @@ import math
 import re
 from typing import Literal, NamedTuple
 
+from gpufleet.reporter.wire import (
+    MAX_CHECKPOINT_BYTES,
+    MAX_CHECKPOINT_SECONDS,
+    MAX_ID_LENGTH,
+    MAX_STEP_NUMBER,
+    MAX_STEP_SECONDS,
+    MAX_TOKENS_PER_STEP,
+)
+
 Phase = Literal["train", "eval", "checkpoint"]
 CheckpointOp = Literal["save", "restore"]
 
-# The agent's defaults (gpufleet.agent.training_events / IngestLimits); kept here as literals
-# so that the client imports nothing but the standard library. A test checks they agree.
-MAX_BATCH_EVENTS = 4096
-MAX_STEP_SECONDS = 3600.0
-MAX_CHECKPOINT_SECONDS = 86400.0
-MAX_TOKENS_PER_STEP = 10**9
-MAX_CHECKPOINT_BYTES = 10**15
-MAX_STEP_NUMBER = 1 << 53
-MAX_RANK = 1 << 20
-MAX_STAGE = 1023
-MAX_ATTEMPT = 1_000_000
-MAX_ID_LENGTH = 128
 _PHASES = ("train", "eval", "checkpoint")
 
 
@@ -63,14 +60,11 @@ Event = StepEvent | CheckpointEvent | RankFinished
 
 # -- job attempts: the client tells its agent, the agent writes them to the fleet ledger --
 
-# The agent's path for attempt events, the same as the ledger's (the agent relays them).
-ATTEMPTS_PATH = "/v1/attempts"
 AttemptStage = Literal["started", "first_step", "ended"]
 Trigger = Literal["initial", "auto", "manual"]
 Outcome = Literal["success", "failed", "cancelled"]
 # The launcher that numbered the attempt: the ledger's ``source`` label.
 AttemptSource = Literal["torchrun", "slurm", "manual"]
-MAX_ATTEMPT_EVENTS = 16  # per request to the agent: a client has at most three pending
 MAX_CAUSE_LENGTH = 64  # the ledger's Reason
 _CAUSE_UNSAFE = re.compile(r"[^A-Za-z0-9_.:-]")
 _KEY_SAFE = re.compile(r"^[A-Za-z0-9._:-]+$")

@@ -44,13 +44,11 @@ import sys
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from gpufleet.reporter.wire import GROUP_NAME_PATTERN, MAX_GROUPS
+
 log = logging.getLogger("gpufleet.client")
 
-# The agent's limits (gpufleet.agent.training_events), as literals: stdlib only here.
-MAX_GROUPS = 8
-MAX_GROUP_NAME = 16
-LAYOUT_PATH = "/v1/layout"
-GROUP_NAME = re.compile(r"^[a-z][a-z0-9_]{0,15}$")
+GROUP_NAME = re.compile(GROUP_NAME_PATTERN)
 # Sizes by hand, in Megatron-Core's default order (fastest-varying first); expert
 # parallelism shares the data-parallel ranks there, so it has no place of its own.
 SIZE_ORDER = ("tp", "cp", "dp", "pp")
