@@ -23,7 +23,7 @@ from gpufleet.client import (
     job_from_environment,
     rank_from_environment,
 )
-from gpufleet.devstack import free_port, wait_until
+from gpufleet.lab.processes import free_port, wait_until
 from gpufleet.reporter import identity
 from gpufleet.reporter.events import StepEvent
 
