@@ -19,7 +19,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpufleet.agent.app import Agent, AgentSettings
 from gpufleet.exposition import render
 from gpufleet.gpu.attribution import Attribution, PodAllocation, PodRef
-from gpufleet.gpu.dcgm_shape import (
+from gpufleet.gpu.fake import FakeNvml, bundled_fixture
+from gpufleet.gpu.reader import NvmlReader
+from gpufleet.gpu.render import gpu_families
+from gpufleet.gpu.xid import XidLedger
+from gpufleet.lab.dcgm_shape import (
     INSTANCE_FIELDS,
     XID_COUNT,
     DcgmGpu,
@@ -28,11 +32,7 @@ from gpufleet.gpu.dcgm_shape import (
     Pod,
     parse_counters,
 )
-from gpufleet.gpu.dcgm_shape import render as render_dcgm
-from gpufleet.gpu.fake import FakeNvml, bundled_fixture
-from gpufleet.gpu.reader import NvmlReader
-from gpufleet.gpu.render import gpu_families
-from gpufleet.gpu.xid import XidLedger
+from gpufleet.lab.dcgm_shape import render as render_dcgm
 from gpufleet.lab.devstack import PrometheusServer, static_scrape_config
 from gpufleet.lab.processes import http_get, wait_until
 from gpufleet.schema import gpu as cat

@@ -1,6 +1,6 @@
 """The rules, unchanged, on plain dcgm-exporter fleets: real Prometheus scrapes nodes
 that serve exposition shaped exactly like dcgm-exporter's (rendered from a counters
-file by ``gpufleet.gpu.dcgm_shape``), one fleet shape per test:
+file by ``gpufleet.lab.dcgm_shape``), one fleet shape per test:
 
 - stock counters, a Helm release's job (``<release>-dcgm-exporter``), ``Hostname``;
 - gpufleet's recommended counters with the pre-4.0 bitmask name, ``Hostname``;
@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from gpufleet.gpu.dcgm_shape import Counter, DcgmNode, Pod, parse_counters, render
+from gpufleet.lab.dcgm_shape import Counter, DcgmNode, Pod, parse_counters, render
 from gpufleet.lab.devstack import PrometheusServer, file_sd_scrape_config
 from gpufleet.lab.processes import free_port, wait_until
 from gpufleet.rules.config import RulesConfig

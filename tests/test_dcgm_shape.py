@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpufleet.gpu.dcgm_shape import CountersError, DcgmNode, Pod, parse_counters, render
+from gpufleet.lab.dcgm_shape import CountersError, DcgmNode, Pod, parse_counters, render
 from gpufleet.schema import gpu as cat
 from gpufleet.schema.external import DCGM_EXPORTER_ONLY
 

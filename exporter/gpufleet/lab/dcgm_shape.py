@@ -30,7 +30,6 @@ with that file:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from gpufleet.exposition import escape_label_value
 from gpufleet.gpu.xid_catalogue import DCGM_MESSAGES, UNKNOWN_MESSAGE
@@ -40,7 +39,6 @@ from gpufleet.schema.external import XID_ERRORS_COUNT
 LABEL_KIND = "label"
 XID_COUNT = XID_ERRORS_COUNT.name
 XID_LAST = cat.XID_LAST.name
-THROTTLE_NAMES = (cat.CLOCK_THROTTLE_REASONS.name, cat.CLOCKS_EVENT_REASONS.name)
 XID_WINDOW_MS = 300_000  # dcgm-exporter's default --xid-count-window-size
 
 # What a healthy H100 under training load reads; any other field reads 0.
@@ -118,11 +116,6 @@ def parse_counters(text: str, source: str = "counters") -> list[Counter]:
             raise CountersError(f"{source}:{number}: type {kind!r} is not gauge/counter/label")
         counters.append(Counter(name, kind, help_text))
     return counters
-
-
-def load_counters(path: str | Path) -> list[Counter]:
-    path = Path(path)
-    return parse_counters(path.read_text(encoding="utf-8"), str(path))
 
 
 @dataclass(frozen=True, slots=True)
