@@ -112,9 +112,10 @@ format: venv
 	$(VENV)/bin/ruff check --fix exporter tests bench
 	$(VENV)/bin/ruff format exporter tests bench
 
-GENERATED := alerts dashboards
+GENERATED := alerts dashboards deploy/dcgm-exporter/gpufleet-counters.csv
 
-# Rule files come from exporter/gpufleet/rules/, dashboards from exporter/gpufleet/dashboards/;
+# Rule files come from exporter/gpufleet/rules/, dashboards from exporter/gpufleet/dashboards/,
+# the dcgm-exporter counters file from the schema (exporter/gpufleet/lab/dcgm_counters.py);
 # never edit them by hand. Each generated file has one committed copy; the others are links
 # to it: helm/gpufleet/files/{rules,dashboards} link to alerts/ and dashboards/ (helm
 # template, lint and package follow links inside the repository; .Files reads only the
@@ -124,6 +125,7 @@ GENERATED := alerts dashboards
 generate: venv
 	$(PY) -m gpufleet.rules --out alerts
 	$(PY) -m gpufleet.dashboards --out dashboards
+	$(PY) -m gpufleet.lab.dcgm_counters --out deploy/dcgm-exporter/gpufleet-counters.csv
 
 check-generated: generate
 	@git diff --exit-code --stat -- $(GENERATED) && \

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpufleet.lab import dcgm_counters
 from gpufleet.lab.dcgm_shape import CountersError, DcgmNode, Pod, parse_counters, render
 from gpufleet.schema import gpu as cat
 from gpufleet.schema.external import DCGM_EXPORTER_ONLY
@@ -86,3 +87,8 @@ def test_the_recommended_file_declares_each_field_as_gpufleet_s_schema_does() ->
             continue
         assert counter.name in schema, counter.name
         assert counter.kind == schema[counter.name].kind, counter.name
+
+
+def test_the_recommended_file_is_the_one_the_schema_writes() -> None:
+    # Names and types from the schema's families (make generate writes the file).
+    assert RECOMMENDED.read_text() == dcgm_counters.render()
