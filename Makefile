@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha1sum
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: help venv binaries prometheus3 deploy-tools test test-containers container-images docker-packages pytest lint format check-generated generate demo \
-	bench bench-detect bench-detect-quick node-exporter clean dashboard-previews
+	bench bench-detect bench-detect-quick node-exporter clean dashboard-previews docs
 
 help:
 	@echo "make demo             run agent + Prometheus + Alertmanager locally (Ctrl-C stops)"
@@ -23,6 +23,7 @@ help:
 	@echo "make container-images every image docker compose needs, without an image registry"
 	@echo "make lint             ruff + mypy --strict"
 	@echo "make check-generated  fail if a generated file differs from what the code makes"
+	@echo "make docs             build the documentation site into build/site (mkdocs --strict)"
 	@echo "make dashboard-previews  draw every dashboard's panels from a simulated cluster (docs/dashboards/)"
 	@echo "make bench            every benchmark, headline figures in one table (~25 min)"
 	@echo "make bench-detect     detection benchmark: 256 nodes x 3 days x 3 seeds (~15 min)"
@@ -80,7 +81,7 @@ slurm-packages:
 	  $(SUDO) apt-get update && \
 	  $(SUDO) apt-get install -y --no-install-recommends slurmctld slurmd slurm-client munge; }
 
-test: venv binaries prometheus3 deploy-tools slurm-packages check-generated lint pytest
+test: venv binaries prometheus3 deploy-tools slurm-packages check-generated lint docs pytest
 
 # The containers for real: Docker's engine (Debian's docker.io; dockerd started when none
 # answers and stopped at the end), the local images of deploy/compose/local-images/ (the
@@ -102,6 +103,11 @@ container-images: docker-packages prometheus3
 
 pytest: venv
 	$(PY) -m pytest
+
+# The documentation site from docs/ (mkdocs.yml): --strict fails on a broken link or anchor
+# and on a page left out of the nav; build/ is git-ignored.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 lint: venv
 	$(VENV)/bin/ruff check exporter tests bench

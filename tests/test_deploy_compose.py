@@ -406,10 +406,10 @@ def test_the_printed_timeline_and_the_scenario_text_say_what_the_tests_measure()
         scenario.description
     )
     assert "straggler page at ~4:00" in scenario.description and pages[0][0] == "~4:00"
-    readme = (REPO / "README.md").read_text()
-    assert f"the alert waits {hang_minutes:g} min" in readme
+    timeline = (REPO / "docs/quickstart.md").read_text()
+    assert f"the alert waits {hang_minutes:g} min" in timeline
     for minute, _ in pages:
-        assert f"| {minute} | **page" in readme, minute
+        assert f"| {minute} | **page" in timeline, minute
 
 
 def test_the_simulator_logs_its_clock_and_the_demo_timeline() -> None:
