@@ -31,7 +31,7 @@ Writes bench/out/detect.md (detect-quick.md, detect-recall.md, ...), the episode
 and pages as CSV, and a chart (PNG). Seeds: the full run's default seeds (104, 105, 106) were never
 looked at while the rules were written. Seeds 101-103 were the first full run;
 its false job-slowdown pages led to the steady-step-time JobSlowdown, so they are
-no longer unseen (docs/BENCHMARKS.md gives both runs). The first run on 104-106
+no longer unseen (the git history of docs/BENCHMARKS.md gives both runs). The first run on 104-106
 changed no rule; it showed two scoring faults (time in evals and checkpoints
 counted as training; an NCCL timeout scored while the job was already down),
 fixed in the scorer only. The quick run's seed (201) was looked at too: the

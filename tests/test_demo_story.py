@@ -1,4 +1,4 @@
-"""The demo tells the story it promises (README, "What the demo shows"): the ``demo``
+"""The demo tells the story it promises (docs/quickstart.md, "What the demo shows"): the ``demo``
 scenario against a real Prometheus evaluating gpufleet's rules, a real Alertmanager and
 the fleet ledger. Exactly three pages reach Alertmanager's webhook, in this order: the
 straggler node-012, the checkpoint queue wait of job sim-llm, the XID 79 and lost GPU
@@ -147,7 +147,7 @@ def test_the_demo_pages_straggler_then_checkpoint_then_xid_and_recovers(
         times = [min(first[key] for key in page) - t0 for page in PAGES]
         print(f"pages fired {[round(at * FACTOR) for at in times]} s into the uncompressed story")
         assert times == sorted(times), f"pages fired at {times} s after the story began"
-        # ...each near its minute in the README ("What the demo shows"), within ten minutes.
+        # ...each near its minute in docs/quickstart.md ("What the demo shows"), within ten minutes.
         promised = [(3, 5), (6, 8), (8, 10)]
         for page, at, (earliest, latest) in zip(PAGES, times, promised, strict=True):
             assert earliest * 60 <= at * FACTOR <= latest * 60, (page, at * FACTOR)

@@ -307,7 +307,7 @@ def test_the_site_config_sets_the_tp_alerts_severity_and_hold() -> None:
         config_from_mapping({"tp_across_nodes_severity": "page"}, "site.yaml")
 
 
-# What the README states as the worst case when layouts fill the series cap.
+# What docs/layout.md states as the worst case when layouts fill the series cap.
 DOCUMENTED_MAX_LAYOUT_SCRAPE_BYTES = 2_600_000
 
 

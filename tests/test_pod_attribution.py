@@ -519,7 +519,7 @@ def test_a_training_client_s_pod_puts_its_job_on_the_pod_s_gpus(
         }
 
     poll(fetch, lambda t: set(allocations(t)) == {"llm-7b-worker-0", "notebook"})
-    # the downward API's variables, as the README's snippet sets them
+    # the downward API's variables, as docs/kubernetes.md's snippet sets them
     monkeypatch.setenv("GPUFLEET_NAMESPACE", "team-a")
     monkeypatch.setenv("GPUFLEET_POD", "llm-7b-worker-0")
     reporter = Reporter(url, training_job="llm-7b", rank=0)

@@ -11,7 +11,7 @@ is cancelled or is an array's task; jobs sharing a GPU through ``gres/shard`` ea
 their line; MIG instances (a GRES each, numbered flat) are named through the map. Last,
 end to end: ``gpufleet agent`` (synthetic NVML) reads the directory slurmd's prolog
 writes, its GPU series carry ``hpc_job`` and ``gpufleet_gpu_job_info`` names the job
-while it runs, and a real Prometheus answers the README's join on it.
+while it runs, and a real Prometheus answers docs/bare-metal.md's join on it.
 """
 
 from __future__ import annotations
@@ -389,7 +389,7 @@ def test_mig_instances_are_named_through_the_gpu_map(
 
 # --- end to end: slurmd's prolog, the agent, Prometheus --------------------------------------
 
-# The README's query: each Slurm job's GPU utilisation, joined on gpufleet_gpu_job_info.
+# docs/bare-metal.md's query: each Slurm job's GPU utilisation, joined on gpufleet_gpu_job_info.
 README_JOIN = """avg by (hpc_job) (
   gpufleet_gpu_job_info
   * on (Hostname, gpu, GPU_I_ID) group_left max without (hpc_job) (DCGM_FI_DEV_GPU_UTIL)
@@ -456,7 +456,7 @@ def test_the_agent_labels_the_gpus_the_prolog_maps_and_prometheus_joins_them(
             scrape_configs=[static_scrape_config("gpufleet-agent", [f"127.0.0.1:{port}"])]
         )
         prometheus.wait_for_targets_up(1)
-        joined = wait_until(lambda: prometheus.query(README_JOIN), 60, what="the README's join")
+        joined = wait_until(lambda: prometheus.query(README_JOIN), 60, what="the documented join")
         assert [series["metric"] for series in joined] == [{"hpc_job": job}]
         assert 0 <= float(joined[0]["value"][1]) <= 100
 

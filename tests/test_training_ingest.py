@@ -644,7 +644,7 @@ def test_without_a_token_writes_from_beyond_loopback_are_refused() -> None:
         assert authorised.status_code == 202
 
 
-# What the README states as the worst case at the default caps (README, "Bounds").
+# What docs/agent.md states as the worst case at the default caps ("Bounds").
 DOCUMENTED_MAX_TRAINING_SERIES = 5000
 DOCUMENTED_MAX_SCRAPE_BYTES = 1_400_000
 

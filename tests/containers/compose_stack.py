@@ -7,7 +7,7 @@ deploy/compose/local-images/build.py (no image registry is reachable from CI).
   capability dropped, the chart's user, no privilege escalation) and serves /metrics.
 - `docker compose build` builds the one image (the only `build:`); `docker compose up`
   with every service but Grafana tells the demo's story: the four pages reach the pager,
-  in order, for the right nodes, near the README's minutes, and nothing else pages; the
+  in order, for the right nodes, near docs/quickstart.md's minutes, and nothing else pages; the
   ledger holds one exclusion and both attempts, the simulator's events all taken. Then
   `docker compose down` keeps the volumes and a second `up` tells the same story (with
   compose v2 where it is installed, else 1.29 again), and `down -v` removes them.

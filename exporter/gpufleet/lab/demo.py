@@ -34,7 +34,7 @@ from gpufleet.lab.processes import (
 )
 
 # The demo scenario's story (scenarios/demo.yaml), in minutes after the simulator starts;
-# the README's demo section tells the same. tests/test_demo_story.py (five times faster,
+# docs/quickstart.md's demo timeline tells the same. tests/test_demo_story.py (five times faster,
 # against a real Prometheus) and tests/containers/ (the compose stack) check that these
 # pages, and only these, fire in this order within PAGES' minutes.
 STORY = (
