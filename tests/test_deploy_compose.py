@@ -272,6 +272,28 @@ def test_dockerfile_builds_from_files_that_exist_and_runs_as_non_root() -> None:
     assert {"!pyproject.toml", "!README.md", "!constraints.txt", "!exporter/"} <= set(ignore)
 
 
+def test_the_build_context_holds_what_the_packages_links_point_to() -> None:
+    # gpufleet/deploy/'s configurations are links to deploy/ (one committed copy): the
+    # Dockerfile's build stage must copy their targets, and .dockerignore admit them.
+    text = (REPO / "Dockerfile").read_text().split("\nFROM ", 2)[1]
+    copied = [
+        path.rstrip("/")
+        for source in re.findall(r"^COPY (?!--from)(.+) \S+$", text, flags=re.MULTILINE)
+        for path in source.split()
+    ]
+    admitted = [
+        line[1:].rstrip("/")
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.startswith("!")
+    ]
+    links = [path for path in (REPO / "exporter").rglob("*") if path.is_symlink()]
+    assert links, "gpufleet/deploy/ links to deploy/'s demo configurations"
+    for link in links:
+        target = link.resolve().relative_to(REPO).as_posix()
+        assert any(target == path or target.startswith(f"{path}/") for path in copied), target
+        assert any(target == path or target.startswith(f"{path}/") for path in admitted), target
+
+
 def test_the_image_install_ships_every_command_and_its_data(tmp_path: Path) -> None:
     # The Dockerfile installs this project's wheel: build it here (extras change no file).
     wheel = build_wheel(tmp_path)
