@@ -406,9 +406,9 @@ def test_the_local_images_override_is_valid_and_names_what_build_py_builds() -> 
 
 
 def test_the_printed_timeline_and_the_scenario_text_say_what_the_tests_measure() -> None:
-    from gpufleet.lab.demo import PAGES, STORY
     from gpufleet.rules.config import RulesConfig
     from gpufleet.simulate.config import load_scenario
+    from gpufleet.simulate.story import PAGES, STORY
 
     pages = [(minute, what) for minute, what in STORY if what.startswith("page")]
     assert len(pages) == len(PAGES)
@@ -436,7 +436,7 @@ def test_the_printed_timeline_and_the_scenario_text_say_what_the_tests_measure()
 
 def test_the_simulator_logs_its_clock_and_the_demo_timeline() -> None:
     # `docker compose logs simulator` (serve_live prints this when it starts serving).
-    from gpufleet.lab.demo import announce
+    from gpufleet.simulate.story import announce
 
     text = announce("demo", 64, 8, start=3600.0)
     assert text.startswith(

@@ -38,11 +38,11 @@ import pytest
 import yaml
 
 from deploy_tools import REPO, helm
-from gpufleet.lab.demo import PAGES
 from gpufleet.lab.processes import free_port, http_get, http_json, wait_until
 from gpufleet.lab.realjob import compressed_rules
 from gpufleet.rules.__main__ import write_all
 from gpufleet.simulate.config import load_scenario
+from gpufleet.simulate.story import PAGES
 
 FACTOR = 5
 NODES = 64

@@ -88,8 +88,8 @@ def write_history(scenario: Scenario, run: SimulatorRun, out: Path) -> str:
 
 def serve_live(scenario: Scenario, run: SimulatorRun) -> None:
     """Serve every node at /nodes/<node>/metrics until SIGINT/SIGTERM."""
-    from gpufleet.lab.demo import announce
     from gpufleet.simulate.serve import SimulatorServer
+    from gpufleet.simulate.story import announce
     from gpufleet.web import serve
 
     host, port = run.listen
