@@ -39,7 +39,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gpufleet.fleet.store import MIGRATIONS, LedgerLimits
+from gpufleet.fleet.exported import LedgerLimits
+from gpufleet.fleet.migrations import MIGRATIONS
 from gpufleet.lab.processes import ManagedProcess, free_port, http_get, ledger_post, wait_until
 
 REPO = Path(__file__).resolve().parent.parent

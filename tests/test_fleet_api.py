@@ -12,7 +12,8 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet.fleet.app import create_app
-from gpufleet.fleet.store import MIGRATIONS, LedgerStore
+from gpufleet.fleet.migrations import MIGRATIONS
+from gpufleet.fleet.store import LedgerStore
 
 NOW = 1_800_000_000.0
 

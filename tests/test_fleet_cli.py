@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet.cli import FLEET_OPTIONS, build_parser
-from gpufleet.fleet.store import LedgerLimits
+from gpufleet.fleet.exported import LedgerLimits
 from gpufleet.lab.processes import ManagedProcess, free_port, http_get, wait_until
 
 

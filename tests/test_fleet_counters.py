@@ -14,8 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpufleet.fleet.counters import LedgerSnapshot, snapshot_from_history
+from gpufleet.fleet.errors import LedgerConflictError
+from gpufleet.fleet.migrations import MIGRATIONS
 from gpufleet.fleet.models import AttemptEventIn, ExclusionIn, ReleaseIn
-from gpufleet.fleet.store import MIGRATIONS, LedgerConflictError, LedgerStore
+from gpufleet.fleet.store import LedgerStore
 
 NOW = 1_800_000_000.0
 HEALTHY_AFTER = 1800.0

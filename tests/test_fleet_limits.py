@@ -13,14 +13,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gpufleet.fleet.app import PAGE_DEFAULT, create_app
+from gpufleet.fleet.errors import LedgerConflictError, LedgerUnavailableError
+from gpufleet.fleet.exported import LedgerLimits
 from gpufleet.fleet.ledger_client import LedgerClient, LedgerError
 from gpufleet.fleet.models import ExclusionIn
-from gpufleet.fleet.store import (
-    LedgerConflictError,
-    LedgerLimits,
-    LedgerStore,
-    LedgerUnavailableError,
-)
+from gpufleet.fleet.store import LedgerStore
 from gpufleet.lab.processes import http_get, http_json
 
 NOW = 1_800_000_000.0

@@ -7,8 +7,9 @@ import random
 from concurrent.futures import Future
 from pathlib import Path
 
+from gpufleet.fleet.exported import LedgerLimits
 from gpufleet.fleet.models import AttemptEventIn, ExclusionIn, ReleaseIn
-from gpufleet.fleet.store import LedgerLimits, LedgerStore, Stored
+from gpufleet.fleet.store import LedgerStore, Stored
 
 START = 1_800_000_000.0
 DAY = 86400.0

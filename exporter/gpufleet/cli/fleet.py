@@ -57,8 +57,8 @@ LEDGER_OPTIONS = (
 
 
 def run_fleet(values: argparse.Namespace) -> int:
+    from gpufleet.fleet.exported import LedgerLimits
     from gpufleet.fleet.service import LedgerOpenError, open_ledger, serve_ledger
-    from gpufleet.fleet.store import LedgerLimits
 
     resolve.configure_logging(values.log_level)
     token, read_token = resolve.secret(values, "token"), resolve.secret(values, "read_token")

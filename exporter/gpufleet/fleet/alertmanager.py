@@ -35,9 +35,9 @@ from pydantic import (
 )
 
 from gpufleet import web
+from gpufleet.fleet.errors import LedgerUnavailableError
 from gpufleet.fleet.incidents import DEFAULT_LINK_WINDOW_S, Incident, IncidentStore
 from gpufleet.fleet.models import NodeName
-from gpufleet.fleet.store import LedgerUnavailableError
 from gpufleet.schema.labels import TrainingJob
 
 MAX_BODY_BYTES = 1024 * 1024

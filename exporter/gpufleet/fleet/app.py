@@ -24,18 +24,12 @@ from gpufleet.fleet.alertmanager import (
     receive,
 )
 from gpufleet.fleet.chains import histories
+from gpufleet.fleet.errors import CursorError, LedgerConflictError, LedgerUnavailableError
 from gpufleet.fleet.incidents import IncidentCollector, IncidentStore
 from gpufleet.fleet.metrics import LedgerCollector, Rejections
 from gpufleet.fleet.models import AttemptEventIn, ExclusionIn, ReleaseIn
-from gpufleet.fleet.store import (
-    CursorError,
-    LedgerCapError,
-    LedgerConflictError,
-    LedgerStore,
-    LedgerUnavailableError,
-    Page,
-    Stored,
-)
+from gpufleet.fleet.paging import Page
+from gpufleet.fleet.store import LedgerStore, Stored
 
 MAX_BODY_BYTES = 64 * 1024
 PAGE_DEFAULT = 1000  # rows per page of a list, unless the client asks for fewer or more
@@ -114,8 +108,6 @@ async def _write(
         stored = await asyncio.wrap_future(submit(key, event))
     except LedgerConflictError as conflict:
         raise web.Refusal(409, "conflict", str(conflict)) from None
-    except LedgerCapError as cap:
-        raise web.Refusal(429, cap.reason, str(cap)) from None
     except LedgerUnavailableError as error:
         raise web.Refusal(
             503, "unavailable", f"nothing was stored ({error}); retry with the same key"

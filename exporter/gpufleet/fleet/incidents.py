@@ -25,7 +25,8 @@ from typing import Any
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from gpufleet.fleet.store import LedgerStore, Page, _decode_cursor, _encode_cursor
+from gpufleet.fleet.paging import Page, decode_cursor, every_row, page_of
+from gpufleet.fleet.store import LedgerStore
 from gpufleet.schema import ledger as schema
 
 DEFAULT_LINK_WINDOW_S = 86400.0
@@ -70,7 +71,7 @@ class IncidentStore:
 
     def __init__(self, store: LedgerStore, clock: Callable[[], float] | None = None) -> None:
         self._store = store
-        self._clock = clock or store._clock
+        self._clock = clock or store.clock
 
     def submit(self, incidents: Sequence[Incident]) -> Future[Recorded]:
         """Store a notification's incidents in one transaction; re-sends change no count."""
@@ -133,7 +134,7 @@ class IncidentStore:
     # -- reads --------------------------------------------------------------------------------
 
     def _rows(self, sql: str, parameters: dict[str, Any]) -> list[dict[str, Any]]:
-        with self._store._reader() as db:
+        with self._store.reader() as db:
             return [dict(row) for row in db.execute(sql, parameters).fetchall()]
 
     def page(
@@ -152,7 +153,7 @@ class IncidentStore:
         parameters["window"] = window
         if cursor is not None:
             clauses.append("(i.started_at, i.id) > (:after_time, :after_id)")
-            parameters["after_time"], parameters["after_id"] = _decode_cursor(
+            parameters["after_time"], parameters["after_id"] = decode_cursor(
                 cursor, ((int, float), int)
             )
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
@@ -164,7 +165,7 @@ class IncidentStore:
             "ORDER BY i.started_at, i.id LIMIT :limit",
             {**parameters, "limit": limit + 1},
         )
-        return _page_of(rows, limit, "started_at")
+        return page_of(rows, limit, ("started_at", "id"))
 
     def unpaged_exclusions_page(
         self,
@@ -186,7 +187,7 @@ class IncidentStore:
         )
         if cursor is not None:
             clauses.append("(x.excluded_at, x.id) > (:after_time, :after_id)")
-            parameters["after_time"], parameters["after_id"] = _decode_cursor(
+            parameters["after_time"], parameters["after_id"] = decode_cursor(
                 cursor, ((int, float), int)
             )
         rows = self._rows(
@@ -194,18 +195,11 @@ class IncidentStore:
             "ORDER BY x.excluded_at, x.id LIMIT :limit",
             {**parameters, "limit": limit + 1},
         )
-        return _page_of(rows, limit, "excluded_at")
+        return page_of(rows, limit, ("excluded_at", "id"))
 
     def incidents(self, window: float = DEFAULT_LINK_WINDOW_S) -> list[dict[str, Any]]:
         """Every incident with its link (reports and scripts; the API pages)."""
-        rows: list[dict[str, Any]] = []
-        cursor: str | None = None
-        while True:
-            page = self.page(limit=10_000, cursor=cursor, window=window)
-            rows += page.rows
-            if page.next_cursor is None:
-                return rows
-            cursor = page.next_cursor
+        return every_row(lambda cursor: self.page(limit=10_000, cursor=cursor, window=window))
 
     def counts(self) -> list[tuple[str, int]]:
         """Incidents per alert name (at most ``MAX_ALERTNAMES`` and ``OTHER_ALERTNAME``)."""
@@ -226,13 +220,6 @@ def _filters(
     if until is not None:
         clauses.append(f"{alias}.{time_column} < :until")
     return clauses, parameters
-
-
-def _page_of(rows: list[dict[str, Any]], limit: int, time_column: str) -> Page:
-    more = len(rows) > limit
-    rows = rows[:limit]
-    last = rows[-1] if more and rows else None
-    return Page(rows, _encode_cursor([last[time_column], last["id"]]) if last else None)
 
 
 class IncidentCollector(Collector):

@@ -20,7 +20,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from gpufleet.fleet.counters import CHAIN_OUTCOMES, DOWNTIME_BUCKETS, LedgerSnapshot
-from gpufleet.fleet.store import EXPOSITION_KINDS, LedgerStore
+from gpufleet.fleet.exported import EXPOSITION_KINDS
+from gpufleet.fleet.store import LedgerStore
 from gpufleet.schema import ledger as schema
 
 

@@ -6,7 +6,8 @@ import logging
 import sqlite3
 
 from gpufleet.fleet.app import create_app
-from gpufleet.fleet.store import LedgerLimits, LedgerStore
+from gpufleet.fleet.exported import LedgerLimits
+from gpufleet.fleet.store import LedgerStore
 from gpufleet.web import serve
 
 log = logging.getLogger("gpufleet.fleet")

@@ -18,14 +18,12 @@ from concurrent.futures import Future
 from contextlib import suppress
 from typing import Any, TypeVar
 
+from gpufleet.fleet.errors import LedgerUnavailableError
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 Work = Callable[[sqlite3.Connection], Any]
 MAX_GROUP = 256  # pieces of work committed together at most: bounds one transaction's latency
-
-
-class WriterUnavailableError(Exception):
-    """Nothing was stored: the database refused the transaction, or the writer is closed."""
 
 
 class SerialWriter:
@@ -47,7 +45,7 @@ class SerialWriter:
         future: Future[T] = Future()
         with self._lock:  # nothing can be queued behind the stop marker
             if self._closed:
-                future.set_exception(WriterUnavailableError("the ledger is shutting down"))
+                future.set_exception(LedgerUnavailableError("the ledger is shutting down"))
             else:
                 self._queue.put((work, future))
         return future
@@ -94,7 +92,7 @@ class SerialWriter:
                     db.execute("ROLLBACK TO work")
                     db.execute("RELEASE work")
                     if isinstance(error, sqlite3.Error):  # the disk, not the request
-                        error = WriterUnavailableError(f"the database refused the write: {error}")
+                        error = LedgerUnavailableError(f"the database refused the write: {error}")
                     done.append((future, None, error))
                 else:
                     db.execute("RELEASE work")
@@ -105,7 +103,7 @@ class SerialWriter:
                 with suppress(sqlite3.Error):
                     db.execute("ROLLBACK")
             log.error("the ledger could not commit %d writes: %s", len(group), error)
-            failure = WriterUnavailableError(f"the database refused the write: {error}")
+            failure = LedgerUnavailableError(f"the database refused the write: {error}")
             for _, future in group:
                 if future.running():
                     future.set_exception(failure)
