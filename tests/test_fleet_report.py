@@ -133,7 +133,8 @@ def test_the_report_counts_a_retry_recovered_exactly_when_its_chain_recovers(
     import pandas as pd
 
     from gpufleet.fleet.chains import histories
-    from gpufleet.fleet.report import LedgerData, Report, _Context, _recovery_section
+    from gpufleet.fleet.report_context import LedgerData, Report, SectionContext
+    from gpufleet.fleet.report_sections import _recovery_section
     from gpufleet.promapi import PrometheusApi
 
     hour, until, healthy_after = 3600.0, 10 * 3600.0, 1800.0
@@ -157,7 +158,7 @@ def test_the_report_counts_a_retry_recovered_exactly_when_its_chain_recovers(
         attempt("c", 2, "auto", until - 500, until - 400, None, None),
     ]
     report = Report("t", 0, until)
-    ctx = _Context(
+    ctx = SectionContext(
         PrometheusApi("http://127.0.0.1:1"),  # the recovery section reads only the ledger
         LedgerData([], attempts),
         tmp_path, 0, until, healthy_after, report, pd, plt,
