@@ -22,7 +22,8 @@ from gpufleet.simulate.config import (
     ScenarioError,
     load_scenario,
 )
-from gpufleet.simulate.history import wants_rank_series, write_history
+from gpufleet.simulate.history import write_history
+from gpufleet.simulate.recorder import wants_rank_series
 from gpufleet.simulate.shared import SharedCluster
 
 START = 1_800_000_000.0
