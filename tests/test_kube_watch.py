@@ -42,17 +42,14 @@ from gpufleet.fleet.store import LedgerStore
 from gpufleet.lab.devstack import PrometheusServer, static_scrape_config
 from gpufleet.lab.processes import ManagedProcess, free_port, http_get, wait_until
 from gpufleet.rules.config import RulesConfig
-from gpufleet.sources.kube import (
+from gpufleet.sources.kube import KEY_PREFIX, NodeWatcher
+from gpufleet.sources.kube_service import KubeWatchCollector
+from gpufleet.sources.kube_signals import (
     DEFAULT_CONDITIONS,
     DEFAULT_IGNORED_TAINTS,
     DEFAULT_TAINTS,
-    KEY_PREFIX,
-    KubeWatchCollector,
     NodeRules,
-    NodeWatcher,
     episode_reason,
-    normalise_reason,
-    xid_reason,
 )
 from gpufleet.sources.kubeapi import (
     ApiAccess,
@@ -61,6 +58,7 @@ from gpufleet.sources.kubeapi import (
     in_cluster_access,
     kubeconfig_access,
 )
+from gpufleet.sources.reasons import reason_from_key, xid_reason
 
 TOKEN = "sa-token-for-the-test"
 # What this ledger records as the source (one from before named sources takes "auto").
@@ -615,10 +613,10 @@ def test_an_xid_named_anywhere_is_kept_as_its_number(text: str, xid: str | None)
 
 
 def test_names_become_ledger_reasons() -> None:
-    assert normalise_reason("GpuMemWatch") == "gpu_mem_watch"
-    assert normalise_reason("NVSwitchFatalError") == "nv_switch_fatal_error"
-    assert normalise_reason("nvidia.com/gpu-nvlink-error") == "gpu-nvlink-error"
-    assert normalise_reason("example.com/" + "x" * 100) == "x" * 64
+    assert reason_from_key("GpuMemWatch") == "gpu_mem_watch"
+    assert reason_from_key("NVSwitchFatalError") == "nv_switch_fatal_error"
+    assert reason_from_key("nvidia.com/gpu-nvlink-error") == "gpu-nvlink-error"
+    assert reason_from_key("example.com/" + "x" * 100) == "x" * 64
 
 
 def test_the_command_line_defaults_are_the_rules_defaults() -> None:

@@ -27,18 +27,14 @@ from gpufleet.lab.devstack import PrometheusServer, static_scrape_config
 from gpufleet.lab.processes import ManagedProcess, free_port, http_get, wait_until
 from gpufleet.rules.config import RulesConfig
 from gpufleet.schema.slurm import SLURM_WATCH_FAMILIES
-from gpufleet.sources.slurm import (
-    SlurmCommands,
-    SlurmLedger,
-    SlurmWatchCollector,
-    SlurmWatcher,
-    event_key,
-)
+from gpufleet.sources.reasons import reason_from_text
+from gpufleet.sources.slurm import SlurmLedger, SlurmWatcher, event_key
+from gpufleet.sources.slurm_service import SlurmWatchCollector
 from gpufleet.sources.slurmstate import (
+    SlurmCommands,
     SlurmJob,
     SlurmNode,
     expand_hostlist,
-    normalise_reason,
     parse_nodes,
 )
 from slurm_cluster import CLUSTER, SlurmCluster, require_slurm
@@ -65,7 +61,7 @@ TOKEN = "ledger-write-token"
     ],
 )
 def test_a_slurm_reason_becomes_a_ledger_reason(text: str, reason: str) -> None:
-    assert normalise_reason(text, "drain") == reason
+    assert reason_from_text(text, "drain") == reason
     assert len(reason) <= 64
 
 

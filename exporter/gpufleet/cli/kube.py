@@ -59,7 +59,8 @@ KUBE_WATCH_OPTIONS = variables("GPUFLEET_KUBE_WATCH_", (
 
 def run_kube_watch(values: argparse.Namespace) -> int:
     from gpufleet.fleet.ledger_client import LedgerError, token_from_file
-    from gpufleet.sources.kube import KubeWatchSettings, NodeRules, serve_kube_watch
+    from gpufleet.sources.kube_service import KubeWatchSettings, serve_kube_watch
+    from gpufleet.sources.kube_signals import NodeRules
     from gpufleet.sources.kubeapi import in_cluster_access, kubeconfig_access
 
     resolve.configure_logging(values.log_level)

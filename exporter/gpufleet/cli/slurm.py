@@ -49,7 +49,7 @@ SLURM_WATCH_OPTIONS = variables("GPUFLEET_SLURM_WATCH_", (
 
 def run_slurm_watch(values: argparse.Namespace) -> int:
     from gpufleet.fleet.ledger_client import LedgerError, token_from_file
-    from gpufleet.sources.slurm import SlurmWatchSettings, serve_slurm_watch
+    from gpufleet.sources.slurm_service import SlurmWatchSettings, serve_slurm_watch
 
     resolve.configure_logging(values.log_level)
     try:

@@ -8,13 +8,9 @@ the gap (a node uncordoned meanwhile) is still recorded. Other failures reconnec
 exponential backoff, a broken watch from its last version; a watch the server ends
 (``timeoutSeconds``) resumes at once.
 
-A node is *out of service* while any of these holds: it is cordoned
-(``spec.unschedulable``), it carries a ``NoSchedule`` / ``NoExecute`` taint whose key
-matches ``--taints`` (and not ``--ignore-taints``), or a node condition whose type
-matches ``--conditions`` is ``True``. Going out of service is one exclusion in the
-ledger, coming back one release. Its reason comes from the condition or taint (an
-XID named in it is kept as ``xid79``), else ``cordoned``; the first reason of an
-episode stays (the ledger keeps one open exclusion per node).
+A node going out of service (``kube_signals``: cordoned, tainted, or a condition) is one
+exclusion in the ledger, coming back one release; the first reason of an episode stays
+(the ledger keeps one open exclusion per node). ``kube_service`` runs it with its /metrics.
 
 Writes go through the ledger's idempotent API with ``source="kubernetes"`` and a key
 derived from the node and the resource version at which the change was seen, so a
@@ -29,152 +25,23 @@ start's list.
 from __future__ import annotations
 
 import collections
-import fnmatch
 import hashlib
 import logging
 import random
-import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
-from prometheus_client.metrics_core import Metric
-from prometheus_client.registry import Collector
-
 from gpufleet.fleet.ledger_client import LedgerClient, LedgerError
-from gpufleet.schema.family import MetricDef
-from gpufleet.sources.kubeapi import ApiAccess, Gone, KubeApi, KubeApiError
+from gpufleet.sources.kube_signals import NodeRules, episode_reason
+from gpufleet.sources.kubeapi import Gone, KubeApi, KubeApiError
 
 log = logging.getLogger(__name__)
 
 SOURCE = "kubernetes"
 KEY_PREFIX = "kube-"
-
-# NVSentinel's fault-quarantine taints live under nvidia.com/ (its docs/INTEGRATIONS.md:
-# nvidia.com/gpu-xid-error, nvidia.com/syslog-xid-error, ...). nvidia.com/gpu itself is
-# the taint that reserves a GPU node pool for GPU pods (GKE puts nvidia.com/gpu=present:
-# NoSchedule on every GPU node): it says what a node is for, not that it is out.
-DEFAULT_TAINTS = ("nvidia.com/*",)
-DEFAULT_IGNORED_TAINTS = ("nvidia.com/gpu",)
-# NVSentinel's conditions (set True only for fatal health events, same document): the
-# GPU health monitor's Gpu*Watch and the syslog monitor's XID / SXID / fallen-off-bus
-# checks, NVSwitch failures; and XidCriticalError, a condition some node problem
-# detector setups report an XID under.
-DEFAULT_CONDITIONS = (
-    "Gpu*",
-    "SysLogsXIDError",
-    "SysLogsSXIDError",
-    "SysLogsGPUFallenOff",
-    "NVSwitchFatalError",
-    "NVSwitchDown",
-    "XidCriticalError",
-)
-EXCLUDING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
-
-# "Xid 79", "XID: 79", "xid79", the kernel's "Xid (PCI:0000:cb:00): 79"; not "SXID 12".
-_XID = re.compile(r"(?<![a-z])xid(?:\s*\([^)]*\))?[\s:=#_-]*(\d{1,3})(?!\d)", re.IGNORECASE)
-# NVSentinel's condition messages carry the error codes: "[79] ..." or "ErrorCode:79 ...".
-_CODE = re.compile(r"(?:^|\[|error\s*code\s*[:=])\s*(\d{1,3})(?!\d)", re.IGNORECASE)
-_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
-_NOT_REASON = re.compile(r"[^a-z0-9_.:-]+")
-
-
-def xid_reason(text: str, codes_are_xids: bool = False) -> str | None:
-    """``xid79`` for an XID named in ``text``; with ``codes_are_xids``, also a leading code."""
-    found = _XID.search(text) or (_CODE.search(text) if codes_are_xids else None)
-    return f"xid{int(found.group(1))}" if found else None
-
-
-def normalise_reason(name: str) -> str:
-    """A ledger reason from a condition type or taint key: ``GpuMemWatch`` ->
-    ``gpu_mem_watch``, ``nvidia.com/gpu-xid-error`` -> ``gpu-xid-error``."""
-    tail = name.rsplit("/", 1)[-1]
-    text = _NOT_REASON.sub("_", _CAMEL.sub("_", tail).lower()).strip("_.:-")
-    return text[:64] or "tainted"
-
-
-def _rfc3339(value: Any) -> float | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
-@dataclass(frozen=True, slots=True)
-class Signal:
-    """One thing on a Node that takes it out of service."""
-
-    kind: str  # condition, taint or cordon
-    name: str  # the condition type, the taint as key=value:effect, or "unschedulable"
-    reason: str
-    since: float | None = None  # when it began, where the object says (a condition)
-
-    @property
-    def names_xid(self) -> bool:
-        return self.reason.startswith("xid")
-
-
-@dataclass(frozen=True, slots=True)
-class NodeRules:
-    """What on a Node counts as out of service (``gpufleet kube-watch`` flags)."""
-
-    taints: tuple[str, ...] = DEFAULT_TAINTS
-    ignored_taints: tuple[str, ...] = DEFAULT_IGNORED_TAINTS
-    conditions: tuple[str, ...] = DEFAULT_CONDITIONS
-    cordon: bool = True
-
-    def signals(self, node: Mapping[str, Any]) -> tuple[Signal, ...]:
-        """The node's signals, conditions first, then taints, then the cordon."""
-        spec, status = node.get("spec") or {}, node.get("status") or {}
-        found: list[Signal] = []
-        for condition in status.get("conditions") or []:
-            kind = str(condition.get("type", ""))
-            if condition.get("status") != "True" or not _matches(kind, self.conditions):
-                continue
-            reason = (
-                xid_reason(str(condition.get("message", "")), codes_are_xids=_names_xid(kind))
-                or xid_reason(str(condition.get("reason", "")))
-                or normalise_reason(kind)
-            )
-            found.append(Signal("condition", kind, reason, _rfc3339(condition.get(
-                "lastTransitionTime"))))  # fmt: skip
-        for taint in spec.get("taints") or []:
-            key, value = str(taint.get("key", "")), str(taint.get("value", ""))
-            if taint.get("effect") not in EXCLUDING_EFFECTS:
-                continue
-            if not _matches(key, self.taints) or _matches(key, self.ignored_taints):
-                continue
-            reason = (
-                xid_reason(f"{key} {value}")
-                or xid_reason(value, codes_are_xids=_names_xid(key))
-                or normalise_reason(key)
-            )
-            shown = f"{key}={value}:{taint.get('effect')}" if value else f"{key}:{taint['effect']}"
-            found.append(Signal("taint", shown, reason, _rfc3339(taint.get("timeAdded"))))
-        if self.cordon and spec.get("unschedulable") is True:
-            found.append(Signal("cordon", "unschedulable", "cordoned"))
-        return tuple(found)
-
-
-def _names_xid(name: str) -> bool:
-    """Whether a condition type or taint key is about XIDs (SysLogsXIDError, gpu-xid-error;
-    not SysLogsSXIDError), so that a bare code in its message or value is an XID."""
-    return "xid" in re.split(r"[^a-z0-9]+", normalise_reason(name))
-
-
-def _matches(name: str, patterns: Sequence[str]) -> bool:
-    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
-
-
-def episode_reason(signals: Sequence[Signal]) -> str:
-    """The reason an exclusion is recorded with: an XID if a signal names one, else the
-    first signal's (a condition says why more precisely than a taint, a taint than a cordon)."""
-    return next((s.reason for s in signals if s.names_xid), signals[0].reason)
 
 
 def ledger_key(action: str, node: str, resource_version: str) -> str:
@@ -182,9 +49,6 @@ def ledger_key(action: str, node: str, resource_version: str) -> str:
     version is the same write, however often the event is replayed."""
     digest = hashlib.sha256(f"{action}\0{node}\0{resource_version}".encode()).hexdigest()
     return f"{KEY_PREFIX}{action}-{digest[:40]}"
-
-
-# --- the watcher -----------------------------------------------------------------------
 
 
 @dataclass(slots=True)
@@ -508,151 +372,3 @@ def drain(watcher: NodeWatcher, within_s: float) -> int:
     while watcher.pending() and time.monotonic() < deadline:
         time.sleep(0.1)
     return watcher.pending()
-
-
-# --- its own metrics ---------------------------------------------------------------------
-
-EVENTS = MetricDef(
-    "gpufleet_kube_watch_events_total",
-    "counter",
-    "Node watch events received, by type (ADDED, MODIFIED, DELETED, BOOKMARK).",
-    ("type",),
-)
-CHANGES = MetricDef(
-    "gpufleet_kube_watch_changes_total",
-    "counter",
-    "Nodes seen going out of service (exclude) or back (release), each queued once for the ledger.",
-    ("action",),
-)
-WRITES = MetricDef(
-    "gpufleet_kube_watch_ledger_writes_total",
-    "counter",
-    "Writes the ledger answered: accepted (stored or replayed), conflict (already so), "
-    "refused (a 4xx: not retried).",
-    ("action", "outcome"),
-)
-SEND_FAILURES = MetricDef(
-    "gpufleet_kube_watch_ledger_failures_total",
-    "counter",
-    "Tries that did not reach the ledger or got a 5xx (writes are retried with their key; "
-    "read: the open exclusions could not be read).",
-    ("action",),
-)
-PENDING = MetricDef(
-    "gpufleet_kube_watch_ledger_pending", "gauge", "Writes queued for the ledger, not yet answered."
-)
-RESYNCS = MetricDef(
-    "gpufleet_kube_watch_resyncs_total",
-    "counter",
-    "Full lists of the nodes, by why: startup, gone (410: the watch's version was compacted), "
-    "error (the last list failed).",
-    ("reason",),
-)
-API_ERRORS = MetricDef(
-    "gpufleet_kube_watch_api_errors_total",
-    "counter",
-    "Failed lists and watches, by reason (unreachable, decode, http_<code>).",
-    ("reason",),
-)
-NODES = MetricDef("gpufleet_kube_watch_nodes", "gauge", "Node objects in the watcher's view.")
-OUT_OF_SERVICE = MetricDef(
-    "gpufleet_kube_watch_nodes_out_of_service",
-    "gauge",
-    "Nodes cordoned, tainted or with a condition that counts as out of service.",
-)
-WATCHING = MetricDef(
-    "gpufleet_kube_watch_up", "gauge", "1 while a watch of the nodes is open, else 0."
-)
-LAST_LIST = MetricDef(
-    "gpufleet_kube_watch_last_list_timestamp_seconds",
-    "gauge",
-    "When the nodes were last listed in full (Unix time).",
-)
-KUBE_WATCH_FAMILIES = (
-    EVENTS, CHANGES, WRITES, SEND_FAILURES, PENDING, RESYNCS, API_ERRORS, NODES,
-    OUT_OF_SERVICE, WATCHING, LAST_LIST,
-)  # fmt: skip
-
-
-class KubeWatchCollector(Collector):
-    """The watcher's report on itself, from one snapshot per scrape."""
-
-    def __init__(self, watcher: NodeWatcher) -> None:
-        self.watcher = watcher
-
-    def collect(self) -> Iterator[Metric]:
-        stats = self.watcher.snapshot()
-        labelled: tuple[tuple[MetricDef, Mapping[Any, int], tuple[str, ...]], ...] = (
-            (EVENTS, stats.events, ("ADDED", "MODIFIED", "DELETED", "BOOKMARK")),
-            (CHANGES, stats.changes, ("exclude", "release")),
-            (SEND_FAILURES, stats.send_failures, ("exclude", "release", "read")),
-            (RESYNCS, stats.resyncs, ("startup", "gone", "error")),
-            (API_ERRORS, stats.api_errors, ()),
-        )
-        for definition, counts, always in labelled:
-            family = definition.counter()
-            for label in sorted(set(always) | set(counts)):
-                family.add_metric([label], counts.get(label, 0))
-            yield family
-        writes = WRITES.counter()
-        pairs = {
-            (a, o) for a in ("exclude", "release") for o in ("accepted", "conflict", "refused")
-        }
-        for action, outcome in sorted(pairs | set(stats.writes)):
-            writes.add_metric([action, outcome], stats.writes.get((action, outcome), 0))
-        yield writes
-        for definition, value in (
-            (PENDING, stats.pending),
-            (NODES, stats.nodes),
-            (OUT_OF_SERVICE, stats.out_of_service),
-            (WATCHING, int(stats.watching)),
-            (LAST_LIST, stats.last_list),
-        ):
-            gauge = definition.gauge()
-            gauge.add_metric([], float(value))
-            yield gauge
-
-
-# --- gpufleet kube-watch -------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class KubeWatchSettings:
-    listen: tuple[str, int]
-    fleet_url: str
-    fleet_token: str | None
-    access: ApiAccess
-    rules: NodeRules
-    watch_timeout_s: int = 300
-
-
-def serve_kube_watch(settings: KubeWatchSettings, stop: threading.Event | None = None) -> int:
-    """Run the watcher and its /metrics until SIGTERM (or ``stop``)."""
-    import signal
-
-    from prometheus_client import CollectorRegistry, start_http_server
-
-    stop = stop or threading.Event()
-    watcher = NodeWatcher(
-        KubeApi(settings.access),
-        LedgerClient(settings.fleet_url, settings.fleet_token),
-        settings.rules,
-        watch_timeout_s=settings.watch_timeout_s,
-    )
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(KubeWatchCollector(watcher))
-    host, port = settings.listen
-    server, _ = start_http_server(port, host, registry)
-    if threading.current_thread() is threading.main_thread():
-        for number in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(number, lambda *_: stop.set())
-    log.info("watching the nodes of %s for %s; metrics on %s:%d",
-             settings.access.server, settings.fleet_url, host, port)  # fmt: skip
-    worker = threading.Thread(target=watcher.run, args=(stop,), daemon=True, name="kube-watch")
-    worker.start()
-    stop.wait()
-    left = drain(watcher, 5.0)
-    if left:
-        log.warning("%d writes not delivered; the next start's list finds them again", left)
-    server.shutdown()
-    return 0

@@ -1,4 +1,4 @@
-"""What Slurm says about its nodes and jobs, read from ``sinfo --json`` / ``squeue --json``.
+"""What Slurm says about its nodes and jobs: ``sinfo --json`` / ``squeue --json`` run and read.
 
 Slurm 22.05 (Debian bookworm) answers ``--json`` from ``sinfo`` and ``squeue`` (OpenAPI
 v0.0.38; its ``scontrol`` has no ``--json``). Later releases changed the shapes: a node's
@@ -8,12 +8,14 @@ objects. Both shapes are read here, so the watcher keeps working across an upgra
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpufleet.sources.kube import xid_reason
+from gpufleet.sources.reasons import reason_from_text
 
 # A node is out of service while its base state is DOWN or it carries one of these flags
 # (DRAIN covers draining and drained; FAIL, failing and failed).
@@ -33,31 +35,6 @@ ENDED_STATES: Mapping[str, str] = {
 }
 # Not COMPLETING: a requeued job completes its last run with the restart count already raised.
 RUN_STATES = frozenset({"RUNNING", "SUSPENDED", "STOPPED", "SIGNALING", "RESIZING"})
-
-_TOKEN = re.compile(r"[a-z0-9]+")
-# Ticket numbers, dates, addresses: a new value for each event, and the ledger counts
-# distinct reasons (its cap). They stay in the exclusion's note.
-_NUMBERISH = re.compile(r"(?:\d+|0x[0-9a-f]+|[0-9a-f]{8,})")
-_SET_BY = re.compile(r"\s*\[[^\]]*@[^\]]*\]\s*$")  # scontrol's "[root@2026-12-04T18:57:44]"
-
-
-def normalise_reason(text: str, fallback: str) -> str:
-    """The ledger reason for a Slurm node ``Reason``: an XID named in it as ``xid79``,
-    else its words in lower case joined by ``_`` ("Kill task failed" ->
-    ``kill_task_failed``, "NHC: GPU check failed" -> ``nhc_gpu_check_failed``), numbers
-    dropped, at most 64 characters; ``fallback`` (the state) when no word is left."""
-    text = _SET_BY.sub("", text)
-    xid = xid_reason(text)
-    if xid:
-        return xid
-    words = [word for word in _TOKEN.findall(text.lower()) if not _NUMBERISH.fullmatch(word)]
-    reason = ""
-    for word in words:
-        joined = f"{reason}_{word}" if reason else word
-        if len(joined) > 64:
-            break
-        reason = joined
-    return reason or fallback
 
 
 def _number(value: Any) -> float | None:
@@ -100,7 +77,7 @@ class SlurmNode:
 
     @property
     def ledger_reason(self) -> str:
-        return normalise_reason(self.reason, self.state_name)
+        return reason_from_text(self.reason, self.state_name)
 
     @classmethod
     def from_json(cls, node: Mapping[str, Any]) -> SlurmNode:
@@ -179,3 +156,57 @@ def expand_hostlist(expression: str) -> list[str]:
             width = len(low)
             names += [f"{prefix}{n:0{width}d}{suffix}" for n in range(int(low), int(high) + 1)]
     return names
+
+
+class SlurmError(RuntimeError):
+    """A Slurm command failed or answered what could not be read."""
+
+    def __init__(self, command: str, message: str) -> None:
+        super().__init__(f"{command}: {message}")
+        self.command = command
+
+
+@dataclass(frozen=True)
+class SlurmCommands:
+    """The Slurm client commands (on PATH, reading $SLURM_CONF like any Slurm client)."""
+
+    sinfo: str = "sinfo"
+    squeue: str = "squeue"
+    scontrol: str = "scontrol"
+    timeout_s: float = 30.0
+
+    def _run(self, name: str, argv: list[str]) -> str:
+        try:
+            done = subprocess.run(
+                argv, capture_output=True, text=True, timeout=self.timeout_s, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired) as error:
+            raise SlurmError(name, str(error)) from None
+        if done.returncode != 0:
+            raise SlurmError(name, f"exit {done.returncode}: {done.stderr.strip()[:300]}")
+        return done.stdout
+
+    def _json(self, name: str, argv: list[str]) -> Mapping[str, Any]:
+        text = self._run(name, argv)
+        try:
+            document = json.loads(text)
+        except ValueError as error:
+            why = f"not JSON ({error}); Slurm 21.08 or later answers --json"
+            raise SlurmError(name, why) from None
+        if not isinstance(document, Mapping):
+            raise SlurmError(name, "the JSON answer is not an object")
+        return document
+
+    def nodes(self) -> list[SlurmNode]:
+        return parse_nodes(self._json("sinfo", [self.sinfo, "--json", "--all"]))
+
+    def jobs(self) -> list[SlurmJob]:
+        return parse_jobs(self._json("squeue", [self.squeue, "--json", "--all"]))
+
+    def cluster_name(self) -> str:
+        """slurm.conf's ClusterName, as ``scontrol show config`` reports it."""
+        text = self._run("scontrol", [self.scontrol, "show", "config"])
+        found = re.search(r"^ClusterName\s*=\s*(\S+)", text, re.MULTILINE)
+        if not found:
+            raise SlurmError("scontrol", "show config names no ClusterName")
+        return found.group(1)
