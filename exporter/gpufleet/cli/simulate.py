@@ -55,7 +55,7 @@ def run_simulate(values: argparse.Namespace) -> int:
         SimulatorRun,
         scenario_list,
         serve_live,
-        write_history,
+        write_history_files,
     )
 
     if values.list_scenarios:
@@ -82,7 +82,7 @@ def run_simulate(values: argparse.Namespace) -> int:
     if values.out is None:
         raise ConfigError("--history needs --out DIR")
     try:
-        print(write_history(scenario, run, Path(values.out)))
+        print(write_history_files(scenario, run, Path(values.out)))
     except FeedError as error:
         raise ConfigError(str(error)) from None
     return 0

@@ -27,6 +27,7 @@ from typing import Any
 
 from gpufleet.detect.evaluate import Firing
 from gpufleet.detect.intervals import poisson_rate, wilson
+from gpufleet.simulate.faults import CONFOUNDERS, Kind
 
 FAIL_SLOW_MIN_SLOWDOWN = 1.10
 FAIL_SLOW_MIN_SECONDS = 600.0
@@ -57,18 +58,14 @@ LEDGER_ALERTS = frozenset(
         "GpuFleetExclusionConcentration",
     }
 )
-# Ground-truth episodes that carry no fault: they are context for pages, not scored.
-CONFOUNDER_KINDS = frozenset(
-    {"data_loader_stall", "cluster_slowdown", "checkpoint", "eval", "workload_imbalance"}
-)
 NODE_FAULT_KINDS = frozenset(
     {
-        "fail_stop",
-        "fail_slow_compute",
-        "precursor",
-        "xid_storm",
-        "ecc_degradation",
-        "nvlink_flapping",
+        Kind.FAIL_STOP,
+        Kind.FAIL_SLOW_COMPUTE,
+        Kind.PRECURSOR,
+        Kind.XID_STORM,
+        Kind.ECC_DEGRADATION,
+        Kind.NVLINK_FLAPPING,
     }
 )
 
@@ -93,7 +90,7 @@ class EpisodeScore:
     @property
     def band(self) -> str | None:
         """The magnitude band of a fail-slow episode (None for other kinds or under 5%)."""
-        if not self.kind.startswith("fail_slow") or self.slowdown is None:
+        if self.kind not in (Kind.FAIL_SLOW_COMPUTE, Kind.FAIL_SLOW_COMM) or self.slowdown is None:
             return None
         if self.slowdown > 1.20:
             return ">20%"
@@ -254,7 +251,7 @@ def _training_seconds(episode: dict[str, Any], truth: dict[str, Any]) -> float:
     blocked += [
         (float(other["start"]), float(other["end"]))
         for other in truth["episodes"]
-        if other["kind"] in ("checkpoint", "eval") and _job_of(other, truth) == job
+        if other["kind"] in (Kind.CHECKPOINT, Kind.EVAL) and _job_of(other, truth) == job
     ]
     if episode["scope"] == "node":
         blocked += [
@@ -284,7 +281,7 @@ def _classify(
 ) -> tuple[str, bool, str]:
     kind = episode["kind"]
     note = ""
-    if kind == "fail_stop":
+    if kind == Kind.FAIL_STOP:
         klass = {"node": "fail-stop (node)", "job": "fail-stop (job)"}.get(
             episode["scope"], "fail-stop (invisible: silent data corruption)"
         )
@@ -295,11 +292,11 @@ def _classify(
             # e.g. an NCCL timeout while the job is down after an earlier failure:
             # nothing runs that could time out, and the job is already paged as hung.
             scored, note = False, "the job was already stopped"
-    elif kind in ("fail_slow_compute", "fail_slow_comm"):
+    elif kind in (Kind.FAIL_SLOW_COMPUTE, Kind.FAIL_SLOW_COMM):
         slowdown = float(episode.get("details", {}).get("slowdown", episode["magnitude"]))
         lasted = float(episode["end"]) - float(episode["start"])
-        base = "fail-slow compute" if kind == "fail_slow_compute" else "fail-slow communication"
-        if kind == "fail_slow_compute" and _sends_step_time_only(episode, truth):
+        base = "fail-slow compute" if kind == Kind.FAIL_SLOW_COMPUTE else "fail-slow communication"
+        if kind == Kind.FAIL_SLOW_COMPUTE and _sends_step_time_only(episode, truth):
             base = STEP_ONLY_COMPUTE
         if slowdown >= FAIL_SLOW_MIN_SLOWDOWN and lasted >= FAIL_SLOW_MIN_SECONDS:
             klass, scored, needed = base, True, FAIL_SLOW_MIN_SECONDS
@@ -312,11 +309,11 @@ def _classify(
         if scored and _training_seconds(episode, truth) < needed:
             scored = False
             note = f"the job was not training for {needed / 60:.0f} minutes of it"
-    elif kind == "precursor" and (episode.get("details") or {}).get("left_slot"):
+    elif kind == Kind.PRECURSOR and (episode.get("details") or {}).get("left_slot"):
         # its signal on a node that held the failing slot earlier: explains that node's
         # pages, leads up to no failure of its own
         klass, scored = "precursor (on a node that left the slot)", False
-    elif kind == "precursor":
+    elif kind == Kind.PRECURSOR:
         klass, scored = "precursor", True
     else:
         klass, scored = kind, bool(episode["expected_alerts"])
@@ -330,10 +327,10 @@ def _classify(
 def _window(episode: dict[str, Any]) -> tuple[float, float]:
     start = float(episode["start"])
     details = episode.get("details") or {}
-    if episode["kind"] == "fail_stop":
+    if episode["kind"] == Kind.FAIL_STOP:
         early = float(details.get("slowdown_from", start))
         return min(start, early) - 60.0, start + FAIL_STOP_WINDOW_S
-    if episode["kind"] == "precursor":
+    if episode["kind"] == Kind.PRECURSOR:
         return start, float(episode["end"])
     return start, float(episode["end"]) + 300.0
 
@@ -344,7 +341,7 @@ def score(truth: dict[str, Any], firings: list[Firing]) -> Scores:
     episodes: list[EpisodeScore] = []
     relevant = [f for f in firings if f.alert not in LEDGER_ALERTS]
     for episode in truth["episodes"]:
-        if episode["kind"] in CONFOUNDER_KINDS:
+        if episode["kind"] in CONFOUNDERS:
             continue
         klass, scored, note = _classify(episode, truth, start, end)
         result = EpisodeScore(
@@ -439,10 +436,10 @@ def _slowed_job(episode: dict[str, Any]) -> tuple[float, float] | None:
     10-30 min its GPU throttles before the failure (a job that times only its steps can
     show that as nothing but a slower job)."""
     kind, start = episode["kind"], float(episode["start"])
-    if kind in ("fail_slow_compute", "fail_slow_comm", "cluster_slowdown"):
+    if kind in (Kind.FAIL_SLOW_COMPUTE, Kind.FAIL_SLOW_COMM, Kind.CLUSTER_SLOWDOWN):
         return start, float(episode["end"])
     lead = (episode.get("details") or {}).get("slowdown_from")
-    if kind == "fail_stop" and lead is not None:
+    if kind == Kind.FAIL_STOP and lead is not None:
         return float(lead), start
     return None
 
@@ -481,7 +478,7 @@ def _explain(firing: Firing, truth: dict[str, Any]) -> PageScore:
             ):
                 page.explained_by = f"{kind}:{episode['id']}"
                 return page
-            if kind in ("fail_slow_comm",) and low <= at <= high + 600:
+            if kind in (Kind.FAIL_SLOW_COMM,) and low <= at <= high + 600:
                 continue
         elif _job_of(episode, truth) == job:
             slowed = _slowed_job(episode)
@@ -493,7 +490,7 @@ def _explain(firing: Firing, truth: dict[str, Any]) -> PageScore:
                 page.explained_by = f"{kind}:{episode['id']}"
                 return page
             if firing.alert in ("GpuFleetCheckpointQueueBound", "GpuFleetCheckpointSlow") and (
-                kind == "checkpoint" and _overlaps(low, high + 3600, at - 3600, at)
+                kind == Kind.CHECKPOINT and _overlaps(low, high + 3600, at - 3600, at)
             ):
                 queue = float(details.get("queue_wait_s", 0.0))
                 service = float(details.get("service_s", 0.0))
@@ -502,7 +499,7 @@ def _explain(firing: Firing, truth: dict[str, Any]) -> PageScore:
                 if (firing.alert == "GpuFleetCheckpointQueueBound" and storage_bound) or (
                     firing.alert == "GpuFleetCheckpointSlow" and slow
                 ):
-                    page.explained_by = f"checkpoint:{episode['id']}"
+                    page.explained_by = f"{Kind.CHECKPOINT}:{episode['id']}"
                     return page
     if firing.node is None and firing.alert == "GpuFleetJobHung":
         for stall_start, stall_end in _stalls(truth, job):
@@ -511,9 +508,9 @@ def _explain(firing: Firing, truth: dict[str, Any]) -> PageScore:
                 return page
     for episode in truth["episodes"]:
         kind = episode["kind"]
-        if kind not in CONFOUNDER_KINDS:
+        if kind not in CONFOUNDERS:
             continue
-        if kind == "data_loader_stall" and episode["node"] != firing.node:
+        if kind == Kind.DATA_LOADER_STALL and episode["node"] != firing.node:
             continue
         if _overlaps(float(episode["start"]) - 900, float(episode["end"]) + 900, at, at):
             page.confounders.append(kind)

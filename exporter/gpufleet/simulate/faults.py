@@ -209,7 +209,6 @@ class Kind(StrEnum):
     NVLINK_FLAPPING = "nvlink_flapping"
     # confounders: no fault label, no node page expected
     DATA_LOADER_STALL = "data_loader_stall"
-    GC_PAUSE = "gc_pause"
     CLUSTER_SLOWDOWN = "cluster_slowdown"
     CHECKPOINT = "checkpoint"
     EVAL = "eval"
@@ -221,7 +220,6 @@ class Kind(StrEnum):
 CONFOUNDERS = frozenset(
     {
         Kind.DATA_LOADER_STALL,
-        Kind.GC_PAUSE,
         Kind.CLUSTER_SLOWDOWN,
         Kind.CHECKPOINT,
         Kind.EVAL,

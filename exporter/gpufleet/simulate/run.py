@@ -56,13 +56,13 @@ def ledger_feed(
     return LedgerFeed(LedgerClient(run.fleet_url, run.fleet_token), events), events
 
 
-def write_history(scenario: Scenario, run: SimulatorRun, out: Path) -> str:
+def write_history_files(scenario: Scenario, run: SimulatorRun, out: Path) -> str:
     """Write ``run.history`` days of history into ``out`` (and feed the ledger up to its
     end); returns a one-line summary."""
-    from gpufleet.simulate.history import write_history as write
+    from gpufleet.simulate.history import write_history
 
     days = run.history or 0.0
-    result = write(
+    result = write_history(
         scenario,
         run.seed,
         days,

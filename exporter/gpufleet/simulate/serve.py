@@ -15,7 +15,6 @@ import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from prometheus_client import generate_latest
 from prometheus_client.metrics_core import Metric
@@ -298,13 +297,3 @@ async def _lifespan(receive: Receive, send: Send) -> None:
         elif message["type"] == "lifespan.shutdown":
             await send({"type": "lifespan.shutdown.complete"})
             return
-
-
-def describe_cluster(cluster: Cluster) -> dict[str, Any]:
-    return {
-        "nodes": cluster.nodes,
-        "gpus_per_node": cluster.gpus,
-        "layout": str(cluster.layout),
-        "scenario": cluster.scenario.name,
-        "seed": cluster.seed,
-    }

@@ -569,9 +569,3 @@ class TimelineBuilder:
 
 def build_timeline(scenario: Scenario, seed: int, start: float, end: float) -> Timeline:
     return TimelineBuilder(scenario, seed, start, end).build()
-
-
-def overlap_fraction(windows: list[Window], start: float, end: float) -> float:
-    if end <= start:
-        return 0.0
-    return min(1.0, sum(w.overlap(start, end) for w in windows) / (end - start))
