@@ -28,7 +28,7 @@ from gpufleet.lab.processes import ManagedProcess, free_port, http_get, wait_unt
 from gpufleet.rules.config import RulesConfig
 from gpufleet.schema.slurm import SLURM_WATCH_FAMILIES
 from gpufleet.sources.reasons import reason_from_text
-from gpufleet.sources.slurm import SlurmLedger, SlurmWatcher, event_key
+from gpufleet.sources.slurm import SlurmWatcher, event_key
 from gpufleet.sources.slurm_service import SlurmWatchCollector
 from gpufleet.sources.slurmstate import (
     SlurmCommands,
@@ -146,7 +146,7 @@ def test_the_systemd_unit_sets_only_variables_the_command_reads() -> None:
 def test_the_watcher_exports_what_the_schema_defines() -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
-    watcher = SlurmWatcher(SlurmCommands(), SlurmLedger("http://127.0.0.1:9", ""), "c")
+    watcher = SlurmWatcher(SlurmCommands(), LedgerClient("http://127.0.0.1:9", ""), "c")
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SlurmWatchCollector(watcher))
     text = generate_latest(registry).decode()
@@ -190,7 +190,7 @@ def ledger(tmp_path: Path, serve_asgi: Callable[..., Any]) -> Any:
 
 def watcher_for(ledger: Any, state: Path | None, attempts: str = "requeued") -> SlurmWatcher:
     return SlurmWatcher(
-        SlurmCommands(), SlurmLedger(ledger.url, TOKEN), CLUSTER, state_file=state,
+        SlurmCommands(), LedgerClient(ledger.url, TOKEN), CLUSTER, state_file=state,
         attempts=attempts,
     )  # fmt: skip
 
@@ -266,7 +266,7 @@ def test_a_drain_older_than_the_ledger_keeps_keys_is_skipped_not_sent(
     try:
         # Seen a week later by a watcher with no state: its key may have expired in the
         # ledger, so sending it could count it twice.
-        later = SlurmWatcher(SlurmCommands(), SlurmLedger(ledger.url, TOKEN), CLUSTER,
+        later = SlurmWatcher(SlurmCommands(), LedgerClient(ledger.url, TOKEN), CLUSTER,
                              clock=lambda: time.time() + 7 * 86400)  # fmt: skip
         assert later.poll() and later.poll()
         assert rows(ledger, "/v1/exclusions") == []

@@ -57,8 +57,9 @@ class LedgerClient:
 
     def _exchange(
         self, method: str, path: str, payload: dict[str, Any] | None = None, key: str | None = None
-    ) -> tuple[Any, str | None]:
-        """The decoded answer and the path of the next page, if the answer has one."""
+    ) -> tuple[Any, str | None, bool]:
+        """The decoded answer, the path of the next page if the answer has one, and whether
+        the ledger replayed an earlier answer to the same Idempotency-Key."""
         headers = {"Content-Type": "application/json"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
@@ -74,6 +75,7 @@ class LedgerClient:
                 return (
                     json.loads(response.read() or b"null"),
                     following.group(1) if following else None,
+                    response.headers.get("Idempotent-Replayed") == "true",
                 )
         except urllib.error.HTTPError as error:
             body = error.read().decode(errors="replace")
@@ -99,6 +101,11 @@ class LedgerClient:
                 time.sleep(0.5 * 2**attempt)
         raise AssertionError("unreachable")
 
+    def post_once(self, path: str, payload: dict[str, Any], key: str) -> bool:
+        """One POST, not retried; True when the ledger replayed its earlier answer to
+        ``key`` (the write was already stored). Raises LedgerError."""
+        return self._exchange("POST", path, payload, key)[2]
+
     def get(self, path: str, **params: Any) -> Any:
         """One GET; a list endpoint answers its first page only (see ``get_all``)."""
         query = urllib.parse.urlencode({k: v for k, v in params.items() if v is not None})
@@ -110,7 +117,7 @@ class LedgerClient:
         following: str | None = f"{path}?{query}" if query else path
         rows: list[Any] = []
         while following is not None:
-            page, following = self._exchange("GET", following)
+            page, following, _ = self._exchange("GET", following)
             rows += page
         return rows
 

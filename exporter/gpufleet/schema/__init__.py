@@ -9,6 +9,8 @@ entries live:
 - ``gpufleet.schema.training``: training and checkpoint counters (agent);
 - ``gpufleet.schema.agent``: the agent's ingest bookkeeping and self-metrics;
 - ``gpufleet.schema.ledger``: the fleet ledger's families;
+- ``gpufleet.schema.slurm`` and ``gpufleet.schema.kube``: the slurm-watch and kube-watch
+  sidecars' own families;
 - ``gpufleet.schema.index``: all of them in one tuple, to look any family up.
 
 The schema is the bottom layer: its modules import nothing from gpufleet but

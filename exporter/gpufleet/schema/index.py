@@ -6,6 +6,7 @@ from gpufleet.schema.agent import INGEST_FAMILIES, SELF_FAMILIES
 from gpufleet.schema.external import NODE_EXPORTER_FAMILIES, PROMETHEUS_FAMILIES
 from gpufleet.schema.family import MetricDef
 from gpufleet.schema.gpu import GPU_FAMILIES
+from gpufleet.schema.kube import KUBE_WATCH_FAMILIES
 from gpufleet.schema.ledger import LEDGER_FAMILIES
 from gpufleet.schema.slurm import SLURM_WATCH_FAMILIES
 from gpufleet.schema.training import CHECKPOINT_FAMILIES, LAYOUT_FAMILIES, TRAINING_FAMILIES
@@ -20,6 +21,7 @@ EXPORTED: tuple[MetricDef, ...] = (
     *SELF_FAMILIES,
     *LEDGER_FAMILIES,
     *SLURM_WATCH_FAMILIES,
+    *KUBE_WATCH_FAMILIES,
 )
 BY_NAME: dict[str, MetricDef] = {metric.name: metric for metric in EXPORTED}
 

@@ -62,7 +62,7 @@ class Tracked:
 
 
 @dataclass(frozen=True, slots=True)
-class Write:
+class KubeWrite:
     action: str  # exclude or release
     node: str
     key: str
@@ -74,7 +74,7 @@ class Write:
 
 
 @dataclass
-class WatchStats:
+class KubeWatchStats:
     """What the watcher saw and did, for its /metrics."""
 
     events: collections.Counter[str] = field(default_factory=collections.Counter)
@@ -123,7 +123,7 @@ class NodeWatcher:
         self.clock = clock
         self.watch_timeout_s = watch_timeout_s
         self.backoff = backoff
-        self.stats = WatchStats()
+        self.stats = KubeWatchStats()
         self.source = SOURCE  # "auto" once a ledger that predates named sources refuses it
         self.known: dict[str, Tracked] = {}
         self.out_of_service: set[str] = set()
@@ -131,7 +131,7 @@ class NodeWatcher:
         self.resource_version = ""
         self._delivered = 0  # watch events since the last list
         self._lock = threading.Lock()
-        self._queue: collections.deque[Write] = collections.deque()
+        self._queue: collections.deque[KubeWrite] = collections.deque()
         self._wake = threading.Condition(self._lock)
 
     # The API side: list, diff, watch.
@@ -276,18 +276,18 @@ class NodeWatcher:
             note = "; ".join(f"{s.kind} {s.name}" for s in signals)
             payload = {"node": name, "reason": episode_reason(signals), "source": SOURCE,
                        "at": at, "note": f"kubernetes: {note}"[:500]}  # fmt: skip
-            self._enqueue(Write("exclude", name, key, payload))
+            self._enqueue(KubeWrite("exclude", name, key, payload))
             self.known[name] = Tracked(True, True, at, key)
             self.stats.changes["exclude"] += 1
         elif not signals and tracked is not None and tracked.excluded and tracked.ours:
             at = max(now, tracked.at)
             why = "back in service" if node is not None else "the Node object was deleted"
             payload = {"node": name, "at": at, "note": f"kubernetes: {why}"}
-            self._enqueue(Write("release", name, ledger_key("release", name, version), payload))
+            self._enqueue(KubeWrite("release", name, ledger_key("release", name, version), payload))
             self.known[name] = Tracked(False, False, at)
             self.stats.changes["release"] += 1
 
-    def _enqueue(self, write: Write) -> None:
+    def _enqueue(self, write: KubeWrite) -> None:
         self._queue.append(write)
         self._wake.notify_all()
 
@@ -310,7 +310,7 @@ class NodeWatcher:
             elif stop.wait(retry.next()):
                 return
 
-    def _send(self, write: Write) -> bool:
+    def _send(self, write: KubeWrite) -> bool:
         """Deliver one write; False when it should be tried again (same key)."""
         payload = write.payload
         if "source" in payload and self.source != SOURCE:
@@ -349,9 +349,9 @@ class NodeWatcher:
         with self._lock:
             return len(self._queue)
 
-    def snapshot(self) -> WatchStats:
+    def snapshot(self) -> KubeWatchStats:
         with self._lock:
-            return WatchStats(
+            return KubeWatchStats(
                 events=collections.Counter(self.stats.events),
                 changes=collections.Counter(self.stats.changes),
                 writes=collections.Counter(self.stats.writes),

@@ -32,8 +32,6 @@ import logging
 import os
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -73,7 +71,7 @@ def event_key(cluster: str, subject: str, *rest: object) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class Write:
+class SlurmWrite:
     action: str  # exclude, release, started, ended
     key: str
     payload: dict[str, Any]
@@ -95,7 +93,7 @@ class JobMemory:
 
 
 @dataclass
-class WatchStats:
+class SlurmWatchStats:
     polls: int = 0
     poll_errors: collections.Counter[str] = field(default_factory=collections.Counter)
     changes: collections.Counter[str] = field(default_factory=collections.Counter)
@@ -108,34 +106,13 @@ class WatchStats:
     last_poll: float = 0.0
 
 
-class SlurmLedger(LedgerClient):
-    """The ledger client, telling a stored write from a replayed one (its header)."""
-
-    def post_once(self, path: str, payload: dict[str, Any], key: str) -> bool:
-        """One POST; True when the ledger replayed an earlier answer. Raises LedgerError."""
-        headers = {"Content-Type": "application/json", "Idempotency-Key": key}
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
-        request = urllib.request.Request(  # noqa: S310 - the ledger's own URL
-            self.url + path, json.dumps(payload).encode(), headers, method="POST"
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310
-                return bool(response.headers.get("Idempotent-Replayed") == "true")
-        except urllib.error.HTTPError as error:
-            detail = error.read().decode(errors="replace")[:500]
-            raise LedgerError(f"the ledger answered {error.code}: {detail}", error.code) from None
-        except (urllib.error.URLError, OSError) as error:
-            raise LedgerError(f"cannot reach the ledger at {self.url}: {error}") from None
-
-
 class SlurmWatcher:
     """Turns what Slurm says into the ledger's exclusions, releases and attempts."""
 
     def __init__(
         self,
         slurm: SlurmCommands,
-        ledger: SlurmLedger,
+        ledger: LedgerClient,
         cluster: str,
         *,
         state_file: Path | None = None,
@@ -148,8 +125,8 @@ class SlurmWatcher:
         self.attempts = attempts
         self.max_event_age_s = max_event_age_s
         self.clock = clock
-        self.stats = WatchStats()
-        self.pending: list[Write] = []
+        self.stats = SlurmWatchStats()
+        self.pending: list[SlurmWrite] = []
         self.answered: dict[str, float] = {}  # key -> event time, of writes the ledger answered
         self.skipped: set[str] = set()
         self.jobs: dict[str, JobMemory] = {}
@@ -217,7 +194,7 @@ class SlurmWatcher:
             note = f"slurm: {'+'.join(sorted(node.states))}: {node.reason}"[:500]
             payload = {"node": node.name, "reason": node.ledger_reason, "source": SOURCE,
                        "at": at, "note": note}  # fmt: skip
-            if self._queue(Write("exclude", key, payload, at), now):
+            if self._queue(SlurmWrite("exclude", key, payload, at), now):
                 self.open[node.name] = (key, at)
         elif opened is not None:
             key, excluded_at = opened
@@ -225,7 +202,7 @@ class SlurmWatcher:
             if not key.startswith(mine):
                 return  # an operator's or another source's: theirs to release
             at = max(now, excluded_at)
-            release = Write("release", key.replace(":exclude:", ":release:"),
+            release = SlurmWrite("release", key.replace(":exclude:", ":release:"),
                             {"node": node.name, "source": SOURCE, "at": at,
                              "note": "slurm: back in service"}, at)  # fmt: skip
             self._queue(release, now)
@@ -267,7 +244,7 @@ class SlurmWatcher:
         payload = {"training_job": job_id, "attempt": attempt, "event": "started",
                    "trigger": trigger, "at": at, "source": SOURCE}  # fmt: skip
         key = event_key(self.cluster, job_id, attempt - 1, "started")
-        self._queue(Write("started", key, payload, at), now)
+        self._queue(SlurmWrite("started", key, payload, at), now)
 
     def _ended(  # noqa: PLR0917 - the attempt's fields, as _started takes them
         self, job_id: str, attempt: int, outcome: str, cause: str | None, at: float, now: float
@@ -277,9 +254,9 @@ class SlurmWatcher:
         if cause:
             payload["cause"] = cause
         key = event_key(self.cluster, job_id, attempt - 1, "ended")
-        self._queue(Write("ended", key, payload, at), now)
+        self._queue(SlurmWrite("ended", key, payload, at), now)
 
-    def _queue(self, write: Write, now: float) -> bool:
+    def _queue(self, write: SlurmWrite, now: float) -> bool:
         """Queue a write not yet answered nor queued (under the lock); True if queued."""
         if write.key in self.answered or any(w.key == write.key for w in self.pending):
             return False
@@ -318,7 +295,7 @@ class SlurmWatcher:
                     # Someone else's exclusion is open: the next read of the ledger says whose.
                     del self.open[node]
 
-    def _send(self, write: Write) -> str:
+    def _send(self, write: SlurmWrite) -> str:
         try:
             replayed = self.ledger.post_once(write.path, write.payload, write.key)
         except LedgerError as error:
@@ -342,7 +319,7 @@ class SlurmWatcher:
                 log.warning("%s is not this watcher's state (version or cluster); starting "
                             "without it", self.state_file)  # fmt: skip
                 return
-            self.pending = [Write(**w) for w in state["pending"]]
+            self.pending = [SlurmWrite(**w) for w in state["pending"]]
             self.answered = {str(k): float(v) for k, v in state["answered"].items()}
             self.jobs = {str(k): JobMemory(**v) for k, v in state["jobs"].items()}
         except (OSError, ValueError, KeyError, TypeError) as error:
@@ -371,9 +348,9 @@ class SlurmWatcher:
         except OSError as error:
             log.error("cannot write the state file %s: %s", self.state_file, error)
 
-    def snapshot(self) -> WatchStats:
+    def snapshot(self) -> SlurmWatchStats:
         with self._lock:
-            return WatchStats(
+            return SlurmWatchStats(
                 polls=self.stats.polls,
                 poll_errors=collections.Counter(self.stats.poll_errors),
                 changes=collections.Counter(self.stats.changes),

@@ -13,12 +13,12 @@ from typing import Any
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from gpufleet.fleet.ledger_client import LedgerClient
 from gpufleet.schema import slurm as schema
 from gpufleet.sources.slurm import (
     ACTIONS,
     DEFAULT_MAX_EVENT_AGE_S,
     OUTCOMES,
-    SlurmLedger,
     SlurmWatcher,
 )
 from gpufleet.sources.slurmstate import SlurmCommands, SlurmError
@@ -94,7 +94,7 @@ def serve_slurm_watch(settings: SlurmWatchSettings, stop: threading.Event | None
                 return 0
     watcher = SlurmWatcher(
         settings.commands,
-        SlurmLedger(settings.fleet_url, settings.fleet_token),
+        LedgerClient(settings.fleet_url, settings.fleet_token),
         cluster,
         state_file=settings.state_file,
         attempts=settings.attempts,
