@@ -523,6 +523,28 @@ def test_an_exclusion_someone_else_opened_is_theirs_to_release(ledger: Any) -> N
 # --- what counts, and how it is named ---------------------------------------------------
 
 
+def test_the_watcher_exports_what_the_schema_defines() -> None:
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gpufleet.schema.kube import KUBE_WATCH_FAMILIES
+
+    api = KubeApi(ApiAccess("https://127.0.0.1:9", token=TOKEN))
+    watcher = NodeWatcher(api, LedgerClient("http://127.0.0.1:9", ""))
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(KubeWatchCollector(watcher))
+    declared = {f.name.removesuffix("_total") if f.kind == "counter" else f.name: f
+                for f in KUBE_WATCH_FAMILIES}  # fmt: skip
+    seen = set()
+    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+        definition = declared[family.name]
+        assert (family.type, family.documentation) == (definition.kind, definition.help)
+        for found in family.samples:
+            assert set(found.labels) == set(definition.labels), found
+        seen.add(family.name)
+    assert seen == set(declared)
+
+
 @pytest.mark.parametrize(
     ("obj", "reasons"),
     [
