@@ -2,7 +2,7 @@
 
 A scrape must cost O(series), not O(history), so the store keeps these values
 materialised in tables that each write updates in its own transaction
-(``store.py``). Exclusion counts are plain increments. A job's attempt counts,
+(``exported.py``). Exclusion counts are plain increments. A job's attempt counts,
 recovery downtime and retry chains come from ``chains.job_history`` over that
 job's attempts, recomputed when one of its attempts changes: out-of-order
 events (an attempt's end posted after the next attempt's start) then give the
