@@ -9,10 +9,10 @@ from gpufleet.rules.attribution import AttributionSeries
 from gpufleet.rules.checkpoint import CheckpointSeries
 from gpufleet.rules.config import RulesConfig
 from gpufleet.rules.dashboard_support import DashboardSeries
-from gpufleet.rules.fail_slow import TrainingSeries
 from gpufleet.rules.gpu import GpuSeries
 from gpufleet.rules.health import HEALTH_SCORE
 from gpufleet.rules.reliability import ReliabilitySeries
+from gpufleet.rules.training import TrainingSeries
 
 
 @dataclass(frozen=True, slots=True)

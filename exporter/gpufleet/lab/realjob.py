@@ -42,7 +42,7 @@ from gpufleet.lab.processes import ManagedProcess, free_port, wait_until
 from gpufleet.lab.workload import Framework, Workload
 from gpufleet.rules.__main__ import write_all
 from gpufleet.rules.config import RulesConfig
-from gpufleet.rules.fail_slow import TrainingSeries
+from gpufleet.rules.training import TrainingSeries
 from gpufleet.simulate.config import ScenarioError, parse_duration
 
 # Rule knobs in seconds that are time budgets, compressed like the windows.

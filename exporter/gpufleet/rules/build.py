@@ -11,12 +11,12 @@ from gpufleet.rules.checkpoint import checkpoint_groups
 from gpufleet.rules.common import Alert, RuleFile
 from gpufleet.rules.config import ConfigError, RulesConfig
 from gpufleet.rules.dashboard_support import dashboard_support_group
-from gpufleet.rules.fail_slow import training_alerts, training_recording
 from gpufleet.rules.gpu import gpu_alerts, gpu_counters, gpu_recording, xid_catalogue_group
 from gpufleet.rules.health import health_recording
 from gpufleet.rules.layout import layout_groups
 from gpufleet.rules.node import node_alerts
 from gpufleet.rules.reliability import reliability_groups
+from gpufleet.rules.training import training_groups
 
 # Where the rule files run when scraping is sharded (docs/SCALING.md). gpu.rules.yaml
 # works per GPU and per node: each shard Prometheus evaluates it on its own nodes,
@@ -41,7 +41,7 @@ def rule_files(config: RulesConfig | None = None) -> list[RuleFile]:
             ],
         ),
         RuleFile("node", [health_recording(config), node_alerts(config)]),
-        RuleFile("training", [*training_recording(config), training_alerts(config)]),
+        RuleFile("training", training_groups(config)),
         RuleFile("checkpoint", checkpoint_groups(config)),
         RuleFile("layout", layout_groups(config)),
         RuleFile("reliability", reliability_groups(config)),
@@ -67,7 +67,7 @@ def rule_files(config: RulesConfig | None = None) -> list[RuleFile]:
 
 def alert_names(files: list[RuleFile]) -> list[str]:
     return [
-        rule.alert
+        str(rule.alert)
         for rule_file in files
         for group in rule_file.groups
         for rule in group.rules

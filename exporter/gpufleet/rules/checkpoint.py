@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from gpufleet.rules.common import Alert, Group, Record, SeriesNames, metric
 from gpufleet.rules.config import RulesConfig
+from gpufleet.schema.alerts import AlertName
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +63,7 @@ def checkpoint_groups(config: RulesConfig) -> list[Group]:
     ]
     alerts: list[Record | Alert] = [
         Alert(
-            "GpuFleetCheckpointQueueBound",
+            AlertName.CHECKPOINT_QUEUE_BOUND,
             f"{series.queue_share} > {config.checkpoint_queue_share}\n"
             f"and on (training_job) {series.writers} >= {config.checkpoint_min_writers}",
             "warning",
@@ -73,7 +74,7 @@ def checkpoint_groups(config: RulesConfig) -> list[Group]:
             config.checkpoint_queue_for,
         ),
         Alert(
-            "GpuFleetCheckpointSlow",
+            AlertName.CHECKPOINT_SLOW,
             f'{series.seconds_per_op}{{op="save"}} > {config.checkpoint_save_budget_s:g}',
             "warning",
             "Checkpoint saves take longer than their budget.",
@@ -81,7 +82,7 @@ def checkpoint_groups(config: RulesConfig) -> list[Group]:
             f"each (budget {config.checkpoint_save_budget_s:g} s): every save stalls the whole job.",
         ),
         Alert(
-            "GpuFleetRestoreSlow",
+            AlertName.RESTORE_SLOW,
             f'{series.seconds_per_op}{{op="restore"}} > {config.checkpoint_restore_budget_s:g}',
             "warning",
             "Checkpoint restores take longer than their budget.",

@@ -1,6 +1,6 @@
 """What every rule module shares: the rule objects, selectors and expression helpers.
 
-The rules are built by area (``gpu``, ``node``, ``health``, ``fail_slow``,
+The rules are built by area (``gpu``, ``node``, ``health``, ``training``,
 ``checkpoint``, ``reliability``, ``dashboard_support``) and assembled in ``build``.
 
 Conventions (after the monitoring mixins): alerts are ``GpuFleet...`` CamelCase,
@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Self
 
 from gpufleet.rules.config import RulesConfig
+from gpufleet.schema.alerts import AlertName
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +42,9 @@ class Record:
 
 @dataclass(frozen=True, slots=True)
 class Alert:
-    alert: str
+    """An alerting rule, named by its ``AlertName``."""
+
+    alert: AlertName
     expr: str
     severity: str
     summary: str
@@ -49,7 +52,7 @@ class Alert:
     for_: str = "0m"
 
     def as_dict(self, config: RulesConfig) -> dict[str, Any]:
-        rule: dict[str, Any] = {"alert": self.alert, "expr": self.expr}
+        rule: dict[str, Any] = {"alert": str(self.alert), "expr": self.expr}
         if self.for_ != "0m":
             rule["for"] = self.for_
         rule["labels"] = {"severity": config.severity(self.alert, self.severity)}

@@ -29,6 +29,7 @@ from gpufleet.rules.common import (
 )
 from gpufleet.rules.config import XID_CATALOGUE, RulesConfig
 from gpufleet.rules.inline import duration_seconds
+from gpufleet.schema.alerts import AlertName
 
 # The catalogue: one series per catalogued code, labelled with its class, NVIDIA's
 # description (meaning) and what to do (action). Codes of no class (NVIDIA's "Unused",
@@ -299,7 +300,7 @@ def gpu_alerts(config: RulesConfig) -> Group:
     recovery = " or ".join(metric(name, sel) for name in RECOVERY_ACTION_METRICS)
     rules: list[Record | Alert] = [
         Alert(
-            "GpuFleetCriticalXid",
+            AlertName.CRITICAL_XID,
             # 154 pages here only on GPUs that report no recovery action: where one is
             # reported, GpuFleetGpuRecoveryAction says what it asks, and NONE pages nothing.
             f"{_xid_class(xid, XidClass.ACT_NOW)}\nor (\n  {_xid_class(xid, XidClass.RECOVERY_ACTION)}\n"
@@ -310,7 +311,7 @@ def gpu_alerts(config: RulesConfig) -> Group:
             f"{{{{ $value }}}} time(s) in {config.xid_window}. Action: {{{{ $labels.action }}}}.",
         ),
         Alert(
-            "GpuFleetMaintenanceXid",
+            AlertName.MAINTENANCE_XID,
             _xid_class(xid, XidClass.MAINTENANCE),
             "warning",
             "A GPU reported an XID that a person should investigate; no immediate action.",
@@ -318,7 +319,7 @@ def gpu_alerts(config: RulesConfig) -> Group:
             "Action: {{ $labels.action }}.",
         ),
         Alert(
-            "GpuFleetUnclassifiedXid",
+            AlertName.UNCLASSIFIED_XID,
             f"{xid}\n  unless on (xid) {XID_INFO}",
             "warning",
             "A GPU reported an XID that NVIDIA's catalogue does not classify.",
@@ -327,7 +328,7 @@ def gpu_alerts(config: RulesConfig) -> Group:
             f"({CATALOGUE_URL}; gpufleet's copy is of {CATALOGUE_DATE}).",
         ),
         Alert(
-            "GpuFleetGpuRecoveryAction",
+            AlertName.GPU_RECOVERY_ACTION,
             _recovery(series, "critical"),
             "critical",
             "NVML asks for a recovery action on a GPU: reset, reboot or drain.",
@@ -335,7 +336,7 @@ def gpu_alerts(config: RulesConfig) -> Group:
             "({{ $labels.nvml }}). Action: {{ $labels.action }}.",
         ),
         Alert(
-            "GpuFleetGpuRecoveryWarning",
+            AlertName.GPU_RECOVERY_WARNING,
             f"{_recovery(series, 'warning')}\nor label_replace(\n"
             f"  {series.recovery_action} unless on (recovery_action) {RECOVERY_INFO},\n"
             '  "nvml", "unknown to gpufleet", "", ""\n)',
@@ -346,7 +347,7 @@ def gpu_alerts(config: RulesConfig) -> Group:
             "{{ else }}see NVIDIA's documentation of nvmlDeviceGetGpuRecoveryAction{{ end }}.",
         ),
         Alert(
-            "GpuFleetEccUncorrectable",
+            AlertName.ECC_UNCORRECTABLE,
             # DBE counts are opt-in on dcgm-exporter; remapped rows are in its defaults.
             f"{dbe}\nor ({uncorrectable_remaps} unless on ({GPU}) {dbe})",
             "critical",
@@ -356,7 +357,7 @@ def gpu_alerts(config: RulesConfig) -> Group:
             "workflow); watch the row remap alerts after the reset.",
         ),
         Alert(
-            "GpuFleetRowRemapFailure",
+            AlertName.ROW_REMAP_FAILURE,
             per_gpu(f"{metric('DCGM_FI_DEV_ROW_REMAP_FAILURE', sel)} == 1", node_labels),
             "critical",
             "A GPU failed to remap a memory row.",
@@ -365,7 +366,7 @@ def gpu_alerts(config: RulesConfig) -> Group:
             "the GPU or reboot, then run NVIDIA's field diagnostic; RMA only if it confirms a fault.",
         ),
         Alert(
-            "GpuFleetRowRemapPending",
+            AlertName.ROW_REMAP_PENDING,
             per_gpu(f"{metric('DCGM_FI_DEV_ROW_REMAP_PENDING', sel)} == 1", node_labels),
             "warning",
             "A GPU has a row remap pending: it needs a reset to take effect.",
@@ -375,7 +376,7 @@ def gpu_alerts(config: RulesConfig) -> Group:
             config.remap_pending_for,
         ),
         Alert(
-            "GpuFleetCorrectableRemapsClimbing",
+            AlertName.REMAPS_CLIMBING,
             f"{remaps} >= {config.remaps_climbing_min}",
             "warning",
             "A GPU keeps remapping rows for correctable errors (gpufleet's heuristic).",
@@ -384,7 +385,7 @@ def gpu_alerts(config: RulesConfig) -> Group:
             "threshold; NVIDIA sets none). Plan to drain it and run NVIDIA's field diagnostic.",
         ),
         Alert(
-            "GpuFleetNvlinkErrors",
+            AlertName.NVLINK_ERRORS,
             f"{nvlink['RECOVERY']} >= {config.nvlink_recovery_min}\n"
             f"or {nvlink['REPLAY']} >= {config.nvlink_replay_min}\n"
             f"or sum by ({GPU}) (\n"
@@ -400,7 +401,7 @@ def gpu_alerts(config: RulesConfig) -> Group:
             "drain and reset the GPU if it continues.",
         ),
         Alert(
-            "GpuFleetPcieReplays",
+            AlertName.PCIE_REPLAYS,
             f"{pcie} >= {config.pcie_replays_min}",
             "warning",
             "A GPU's PCIe link replays packets faster than DCGM's health check allows.",
@@ -408,7 +409,7 @@ def gpu_alerts(config: RulesConfig) -> Group:
             "link or riser, often before the GPU falls off the bus. Reseat or replace at the next drain.",
         ),
         Alert(
-            "GpuFleetHwSlowdown",
+            AlertName.HW_SLOWDOWN,
             f"{brake}\nor ({thermal} unless on ({GPU}) {brake})\n"
             f"or ({generic} unless on ({GPU}) ({brake} or {thermal}))",
             "warning",
@@ -418,7 +419,7 @@ def gpu_alerts(config: RulesConfig) -> Group:
             config.hw_slowdown_for,
         ),
         Alert(
-            "GpuFleetGpuLost",
+            AlertName.GPU_LOST,
             f"{per_gpu(lost, node_labels)}\nunless on (node) {collapsed}",
             "critical",
             "NVML reports a GPU lost: it no longer answers.",
@@ -428,7 +429,7 @@ def gpu_alerts(config: RulesConfig) -> Group:
             config.gpu_lost_for,
         ),
         Alert(
-            "GpuFleetGpuMissing",
+            AlertName.GPU_MISSING,
             f"(\n{missing}\n)\nunless on (node) max by (node) ({with_node(lost, node_labels)})\n"
             f"unless on (node) {collapsed}",
             "critical",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from gpufleet.rules.common import Alert, Group, Record, metric, with_node
 from gpufleet.rules.config import RulesConfig
-from gpufleet.rules.fail_slow import TrainingSeries
 from gpufleet.rules.gpu import XID_INFO, GpuSeries, risen_series
 from gpufleet.rules.presence import presence_records
+from gpufleet.rules.training import TrainingSeries
 
 # The weak signals summed per node; the node alert and the Node dashboard read it.
 HEALTH_SCORE = "node:gpufleet_health:score"

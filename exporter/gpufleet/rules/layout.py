@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from gpufleet.rules.common import Alert, Group, Record, SeriesNames, metric, with_node
 from gpufleet.rules.config import RulesConfig
+from gpufleet.schema.alerts import AlertName
 from gpufleet.schema.gpu import GPU_FABRIC_INFO
 from gpufleet.schema.training import PARALLEL_GROUP_SIZE
 
@@ -99,7 +100,7 @@ def layout_groups(config: RulesConfig) -> list[Group]:
     stages = "training_job, attempt"
     alerts: list[Record | Alert] = [
         Alert(
-            "GpuFleetTensorParallelAcrossNodes",
+            AlertName.TENSOR_PARALLEL_ACROSS_NODES,
             f'max by (training_job, group) ({series.domains}{{group="tp"}}) > 1',
             config.tp_across_nodes_severity,
             "A tensor-parallel group spans more than one node.",
@@ -110,7 +111,7 @@ def layout_groups(config: RulesConfig) -> list[Group]:
             config.tp_across_nodes_for,
         ),
         Alert(
-            "GpuFleetPipelineStagesUneven",
+            AlertName.PIPELINE_STAGES_UNEVEN,
             f"max by ({stages}) ({series.stage_ranks})\n"
             f"> on ({stages}) min by ({stages}) ({series.stage_ranks})",
             "info",

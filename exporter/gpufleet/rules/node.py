@@ -8,6 +8,7 @@ from gpufleet.rules.config import RulesConfig
 from gpufleet.rules.gpu import GpuSeries
 from gpufleet.rules.health import HEALTH_SCORE
 from gpufleet.rules.presence import presence_note, targets_missing
+from gpufleet.schema.alerts import AlertName
 
 
 def node_alerts(config: RulesConfig) -> Group:
@@ -25,7 +26,7 @@ def node_alerts(config: RulesConfig) -> Group:
     dcgm_count, dcgm_max = GpuSeries.of(config).dcgm_gpus, GpuSeries.of(config).dcgm_gpus_max
     rules: list[Record | Alert] = [
         Alert(
-            "GpuFleetAgentDown",
+            AlertName.AGENT_DOWN,
             f"max by (node, instance) ({node_up} == 0)\n{quietly_excluded}",
             "critical",
             "A node's gpufleet agent does not answer: the node may be down.",
@@ -38,7 +39,7 @@ def node_alerts(config: RulesConfig) -> Group:
         # GPUs stop answering; a node that showed GPUs within the memory and shows none
         # now is down. A node gpufleet's agent watches is GpuFleetAgentDown's.
         Alert(
-            "GpuFleetGpuExporterDown",
+            AlertName.GPU_EXPORTER_DOWN,
             f"{dcgm_max}\nunless on (node) {dcgm_count}\n"
             f"unless on (node) max by (node) ({node_up})\n{quietly_excluded}",
             "critical",
@@ -50,7 +51,7 @@ def node_alerts(config: RulesConfig) -> Group:
             config.exporter_down_for,
         ),
         Alert(
-            "GpuFleetTelemetryCollapse",
+            AlertName.TELEMETRY_COLLAPSE,
             collapsed,
             "critical",
             "A node's GPU telemetry collapsed: NVML no longer answers.",
@@ -60,7 +61,7 @@ def node_alerts(config: RulesConfig) -> Group:
         ),
         *_targets_missing_alerts(config),
         Alert(
-            "GpuFleetNodeHealthDegraded",
+            AlertName.NODE_HEALTH,
             f"{HEALTH_SCORE} >= {config.health_threshold}",
             "warning",
             "Several weak warning signs on one node at once.",
@@ -79,7 +80,7 @@ def _targets_missing_alerts(config: RulesConfig) -> list[Record | Alert]:
     if gpu is not None:
         alerts.append(
             Alert(
-                "GpuFleetGpuTargetsMissing",
+                AlertName.GPU_TARGETS_MISSING,
                 gpu,
                 "critical",
                 "Prometheus scrapes no GPU exporter at all (gpufleet agent or dcgm-exporter).",
@@ -96,7 +97,7 @@ def _targets_missing_alerts(config: RulesConfig) -> list[Record | Alert]:
             agent += f"\nunless on () ({gpu})"
         alerts.append(
             Alert(
-                "GpuFleetAgentTargetsMissing",
+                AlertName.AGENT_TARGETS_MISSING,
                 agent,
                 "critical",
                 "Prometheus scrapes no gpufleet agent at all.",

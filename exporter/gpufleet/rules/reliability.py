@@ -11,6 +11,7 @@ from gpufleet.rules.config import RulesConfig
 from gpufleet.rules.inline import duration_seconds
 from gpufleet.rules.presence import presence_note, targets_missing, targets_record
 from gpufleet.schema import ledger
+from gpufleet.schema.alerts import AlertName
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +96,7 @@ def reliability_groups(config: RulesConfig) -> list[Group]:
     ledger_missing = targets_missing(config, "ledger", sel)
     alerts: list[Record | Alert] = [
         Alert(
-            "GpuFleetRepeatOffenderNode",
+            AlertName.REPEAT_OFFENDER_NODE,
             f"{series.node_exclusions_recent} >= {config.repeat_offender_exclusions}",
             "warning",
             "A node was excluded repeatedly within a week.",
@@ -104,7 +105,7 @@ def reliability_groups(config: RulesConfig) -> list[Group]:
             "returns to jobs.",
         ),
         Alert(
-            "GpuFleetExclusionConcentration",
+            AlertName.EXCLUSION_CONCENTRATION,
             f"{series.top_share} > {config.concentration_share}\n"
             f"and on () {series.fleet_exclusions} >= {config.concentration_min_exclusions}",
             "info",
@@ -113,7 +114,7 @@ def reliability_groups(config: RulesConfig) -> list[Group]:
             "fixing or retiring them is the cheapest reliability win. See gpufleet exclusions top.",
         ),
         Alert(
-            "GpuFleetRetryChainFailing",
+            AlertName.RETRY_CHAIN_FAILING,
             f"max by (training_job) ({metric('gpufleet_fleet_retry_chain_failed_attempts', sel)})"
             f" >= {config.retry_chain_failed_attempts}",
             "critical",
@@ -122,7 +123,7 @@ def reliability_groups(config: RulesConfig) -> list[Group]:
             "retry loop is not recovering it. Find the node or change that breaks it, then restart by hand.",
         ),
         Alert(
-            "GpuFleetLedgerDown",
+            AlertName.LEDGER_DOWN,
             f"{fleet_up} == 0",
             "warning",
             "The fleet ledger does not answer.",
@@ -134,7 +135,7 @@ def reliability_groups(config: RulesConfig) -> list[Group]:
     if ledger_missing is not None:
         alerts.append(
             Alert(
-                "GpuFleetLedgerTargetMissing",
+                AlertName.LEDGER_TARGET_MISSING,
                 ledger_missing,
                 "warning",
                 "Prometheus scrapes no fleet ledger.",
