@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from gpufleet.gpu.fake import FakeNvml, bundled_fixture
-from gpufleet.gpu.reader import NvmlReader, NvmlUnavailable
+from gpufleet.gpu.nvml_call import NvmlUnavailable
+from gpufleet.gpu.reader import NvmlReader
 from gpufleet.gpu.snapshot import GpuSnapshot
 from gpufleet.schema import gpu as cat
 

@@ -21,7 +21,9 @@ from gpufleet.agent.app import Agent, AgentSettings
 from gpufleet.exposition import render
 from gpufleet.gpu.attribution import Attribution, PodAllocation, PodRef, gpu_key
 from gpufleet.gpu.fake import FakeNvml, bundled_fixture
-from gpufleet.gpu.reader import CallErrors, NvmlReader, mig_memory_gb
+from gpufleet.gpu.mig import mig_memory_gb
+from gpufleet.gpu.nvml_call import CallErrors
+from gpufleet.gpu.reader import NvmlReader
 from gpufleet.gpu.render import gpu_families
 from gpufleet.gpu.snapshot import GpuReading, GpuSnapshot
 from gpufleet.gpu.xid import XidLedger, XidWatcher

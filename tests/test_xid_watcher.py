@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from gpufleet.gpu.fake import FakeNvml
-from gpufleet.gpu.reader import CallErrors, NvmlReader
+from gpufleet.gpu.nvml_call import CallErrors
+from gpufleet.gpu.reader import NvmlReader
 from gpufleet.gpu.xid import XidLedger, XidWatcher
 from gpufleet.lab.processes import wait_until
 

@@ -25,7 +25,8 @@ from gpufleet.agent.training_aggregate import TrainingAggregator
 from gpufleet.agent.training_ingest import IngestApi
 from gpufleet.agent.training_pods import PodLabelledTraining, TrainingPods
 from gpufleet.gpu.attribution import Attribution, GpuIdType
-from gpufleet.gpu.reader import CallErrors, NvmlApi, NvmlReader
+from gpufleet.gpu.nvml_call import CallErrors, NvmlApi
+from gpufleet.gpu.reader import NvmlReader
 from gpufleet.gpu.render import GpuExpositionCache
 from gpufleet.gpu.sampler import GpuSampler
 from gpufleet.gpu.xid import XidLedger, XidWatcher

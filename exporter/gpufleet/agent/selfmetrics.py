@@ -13,7 +13,7 @@ from gpufleet import __version__
 from gpufleet.agent.connections import ConnectionGuard
 from gpufleet.agent.ledger_forward import AttemptCounts
 from gpufleet.agent.pod_resources import PodResourcesRefresher
-from gpufleet.gpu.reader import CallErrors
+from gpufleet.gpu.nvml_call import CallErrors
 from gpufleet.gpu.sampler import GpuSampler
 from gpufleet.schema import agent as schema
 

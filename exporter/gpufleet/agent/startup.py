@@ -6,7 +6,7 @@ import logging
 import sys
 
 from gpufleet.agent.app import Agent, AgentSettings, serve_agent
-from gpufleet.gpu.reader import NvmlUnavailable
+from gpufleet.gpu.nvml_call import NvmlUnavailable
 
 log = logging.getLogger("gpufleet.agent")
 

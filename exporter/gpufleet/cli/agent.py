@@ -190,7 +190,7 @@ def run_agent(values: argparse.Namespace) -> int:
 
 
 def run_nvml_record(values: argparse.Namespace) -> int:
-    from gpufleet.gpu.reader import NvmlUnavailable
+    from gpufleet.gpu.nvml_call import NvmlUnavailable
     from gpufleet.gpu.record import record_fixture
 
     try:

@@ -20,7 +20,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpufleet.gpu.reader import CallErrors, NvmlApi, handle_key
+from gpufleet.gpu.nvml_call import CallErrors, NvmlApi, handle_key
 from gpufleet.gpu.snapshot import GpuIdentity
 
 log = logging.getLogger(__name__)
