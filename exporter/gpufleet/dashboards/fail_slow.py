@@ -10,16 +10,19 @@ from gpufleet.dashboards import common
 from gpufleet.dashboards.layout import layout_panels
 from gpufleet.dashboards.names import Recorded
 from gpufleet.rules.config import RulesConfig
+from gpufleet.schema.alerts import AlertName
 
 UID = "gpufleet-fail-slow"
 STAGE = 'pp_stage=~"$pp_stage"'
-STRAGGLER_ALERTS = "GpuFleetStragglerNode|GpuFleetNodeSlowerThanBaseline|GpuFleetJobSlowdown"
+STRAGGLER_ALERTS = "|".join(
+    (AlertName.STRAGGLER, AlertName.SLOWER_THAN_BASELINE, AlertName.JOB_SLOWDOWN)
+)
 
 
 def build(config: RulesConfig) -> dm.Dashboard:
     r = Recorded.of(config)
     job_stage = common.sel(common.JOB, STAGE)
-    ratio = f"{r.compute_ratio}{{{job_stage}}}"
+    ratio = f"{r.training.compute_ratio}{{{job_stage}}}"
     grid = common.Grid()
     grid.timeseries(
         12,
@@ -50,7 +53,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
             "short",
             [
                 common.target(f"sort_desc({ratio})", instant=True, ref="A"),
-                common.target(f"{r.compute_zscore}{{{job_stage}}}", instant=True, ref="B"),
+                common.target(f"{r.training.compute_zscore}{{{job_stage}}}", instant=True, ref="B"),
             ],
             columns=("ratio to stage median", "robust z-score"),
         ).thresholds(common.limit(config.straggler_ratio)),
@@ -67,7 +70,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
         "s",
         [
             common.target(
-                f"sum without (phase) ({r.phase_per_step}{{{common.sel(common.JOB, STAGE, 'phase=' + common.quoted(p))}}})",
+                f"sum without (phase) ({r.support.phase_per_step}{{{common.sel(common.JOB, STAGE, 'phase=' + common.quoted(p))}}})",
                 instant=True,
                 ref=chr(ord("A") + i),
             )
@@ -83,7 +86,9 @@ def build(config: RulesConfig) -> dm.Dashboard:
         f"{config.baseline_offset} ago, relative to the job's median trend (a cluster-wide "
         f"slowdown cancels out). GpuFleetNodeSlowerThanBaseline pages above {config.baseline_ratio:g}.",
         "short",
-        common.targets((f"{r.baseline_ratio}{{{job_stage}}}", "{{node}} (stage {{pp_stage}})")),
+        common.targets(
+            (f"{r.training.baseline_ratio}{{{job_stage}}}", "{{node}} (stage {{pp_stage}})")
+        ),
         limit_at=config.baseline_ratio,
     )
     grid.timeseries(
@@ -95,9 +100,9 @@ def build(config: RulesConfig) -> dm.Dashboard:
         f"and the same over its baseline. GpuFleetJobSlowdown pages when steady / baseline > {config.job_slowdown_ratio:g}.",
         "s",
         common.targets(
-            (f"{r.job_step}{{{common.sel(common.JOB)}}}", "step time (2m)"),
-            (f"{r.job_steady}{{{common.sel(common.JOB)}}}", "steady step time"),
-            (f"{r.job_steady_baseline}{{{common.sel(common.JOB)}}}", "baseline"),
+            (f"{r.training.job_step}{{{common.sel(common.JOB)}}}", "step time (2m)"),
+            (f"{r.training.job_steady}{{{common.sel(common.JOB)}}}", "steady step time"),
+            (f"{r.training.job_steady_baseline}{{{common.sel(common.JOB)}}}", "baseline"),
         ),
     )
     coverage_panels(grid, config, r)
@@ -118,16 +123,16 @@ def build(config: RulesConfig) -> dm.Dashboard:
         "Stragglers: which node computes slower than its pipeline-stage peers, since when, "
         "and what it costs the job.",
         [
-            common.namespace_variable((r.gpu_tenant, r.job_tenant)),
+            common.namespace_variable((r.support.gpu_tenant, r.support.job_tenant)),
             common.query_variable(
                 "training_job",
                 "Training job",
-                f"label_values({r.job_tenant}{{{common.sel(common.TENANT)}}}, training_job)",
+                f"label_values({r.support.job_tenant}{{{common.sel(common.TENANT)}}}, training_job)",
             ),
             common.query_variable(
                 "pp_stage",
                 "Pipeline stage",
-                f"label_values({r.compute_ratio}{{{common.sel(common.JOB)}}}, pp_stage)",
+                f"label_values({r.training.compute_ratio}{{{common.sel(common.JOB)}}}, pp_stage)",
                 include_all=True,
             ),
         ],
@@ -161,7 +166,9 @@ def coverage_panels(grid: common.Grid, config: RulesConfig, r: Recorded) -> None
     job whose agents export no compute series is not in the job picker (it has no compute
     ratio); one that reports step time only is there, its compute being its step time."""
     # all the chosen tenant's jobs (every job under "All")
-    active = common.tenant_jobs(f"{r.detection_active}{{{common.sel()}}}", r.job_tenant, jobs=False)
+    active = common.tenant_jobs(
+        f"{r.training.detection_active}{{{common.sel()}}}", r.support.job_tenant, jobs=False
+    )
     grid.add(
         common.stat_panel(
             "Straggler detection coverage (all jobs)",

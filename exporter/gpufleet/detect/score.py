@@ -27,6 +27,7 @@ from typing import Any
 
 from gpufleet.detect.evaluate import Firing
 from gpufleet.detect.intervals import poisson_rate, wilson
+from gpufleet.schema.alerts import AlertName
 from gpufleet.simulate.faults import CONFOUNDERS, Kind
 
 FAIL_SLOW_MIN_SLOWDOWN = 1.10
@@ -51,11 +52,11 @@ GROUP_INTERVAL_S = 60.0
 # Alerts that read the fleet ledger, which a simulated history does not include.
 LEDGER_ALERTS = frozenset(
     {
-        "GpuFleetLedgerDown",
-        "GpuFleetLedgerTargetMissing",
-        "GpuFleetRepeatOffenderNode",
-        "GpuFleetRetryChainFailing",
-        "GpuFleetExclusionConcentration",
+        AlertName.LEDGER_DOWN,
+        AlertName.LEDGER_TARGET_MISSING,
+        AlertName.REPEAT_OFFENDER_NODE,
+        AlertName.RETRY_CHAIN_FAILING,
+        AlertName.EXCLUSION_CONCENTRATION,
     }
 )
 NODE_FAULT_KINDS = frozenset(
@@ -483,25 +484,25 @@ def _explain(firing: Firing, truth: dict[str, Any]) -> PageScore:
         elif _job_of(episode, truth) == job:
             slowed = _slowed_job(episode)
             if (
-                firing.alert == "GpuFleetJobSlowdown"
+                firing.alert == AlertName.JOB_SLOWDOWN
                 and slowed is not None
                 and _overlaps(slowed[0], slowed[1] + 900, at - 900, at)
             ):
                 page.explained_by = f"{kind}:{episode['id']}"
                 return page
-            if firing.alert in ("GpuFleetCheckpointQueueBound", "GpuFleetCheckpointSlow") and (
+            if firing.alert in (AlertName.CHECKPOINT_QUEUE_BOUND, AlertName.CHECKPOINT_SLOW) and (
                 kind == Kind.CHECKPOINT and _overlaps(low, high + 3600, at - 3600, at)
             ):
                 queue = float(details.get("queue_wait_s", 0.0))
                 service = float(details.get("service_s", 0.0))
                 storage_bound = queue / (queue + service) > 0.9 if queue + service else False
                 slow = queue + service > 600
-                if (firing.alert == "GpuFleetCheckpointQueueBound" and storage_bound) or (
-                    firing.alert == "GpuFleetCheckpointSlow" and slow
+                if (firing.alert == AlertName.CHECKPOINT_QUEUE_BOUND and storage_bound) or (
+                    firing.alert == AlertName.CHECKPOINT_SLOW and slow
                 ):
                     page.explained_by = f"{Kind.CHECKPOINT}:{episode['id']}"
                     return page
-    if firing.node is None and firing.alert == "GpuFleetJobHung":
+    if firing.node is None and firing.alert == AlertName.JOB_HUNG:
         for stall_start, stall_end in _stalls(truth, job):
             if stall_start - 60 <= at <= stall_end + 600:
                 page.explained_by = "job stalled"

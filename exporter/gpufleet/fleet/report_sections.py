@@ -10,8 +10,7 @@ from typing import Any
 
 from gpufleet.fleet.chains import attempt_recovered, histories
 from gpufleet.fleet.report_context import SectionContext, by_source, duration, median, table
-
-STRAGGLER_ALERT = "GpuFleetStragglerNode"
+from gpufleet.schema.alerts import AlertName
 
 
 def _exclusions_section(ctx: SectionContext) -> str:
@@ -138,7 +137,7 @@ def _pages_section(ctx: SectionContext) -> str:
 def _fail_slow_section(ctx: SectionContext) -> str:
     step = ctx.step
     firing = ctx.prometheus.query_range(
-        f'max by (node) (ALERTS{{alertname="{STRAGGLER_ALERT}",alertstate="firing"}})',
+        f'max by (node) (ALERTS{{alertname="{AlertName.STRAGGLER}",alertstate="firing"}})',
         ctx.since,
         ctx.until,
         step,
@@ -157,11 +156,11 @@ def _fail_slow_section(ctx: SectionContext) -> str:
     ctx.report.figures["straggler_episodes"] = sum(row["episodes"] for row in rows)
     if not rows:
         return (
-            f"No {STRAGGLER_ALERT} alert fired in this period (or the gpufleet rules are not "
+            f"No {AlertName.STRAGGLER} alert fired in this period (or the gpufleet rules are not "
             "loaded in this Prometheus).\n"
         )
     slow = ctx.pd.DataFrame(rows).sort_values(["episodes", "minutes firing"], ascending=False)
-    return f"Nodes paged as stragglers ({STRAGGLER_ALERT}):\n\n" + table(slow)
+    return f"Nodes paged as stragglers ({AlertName.STRAGGLER}):\n\n" + table(slow)
 
 
 def _checkpoint_section(ctx: SectionContext) -> str:

@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from gpufleet.schema.alerts import AlertName
+
 # An uncorrectable HBM error as the driver reports it, in order (NVIDIA, "GPU Memory
 # Error Management", and the XID catalogue): XID 48, the double-bit error; 94 if it was
 # contained to the processes using the memory, 95 if not (the catalogue's investigatory
@@ -80,35 +82,6 @@ def forced_dbe_variant(xid: int | None) -> dict[str, bool]:
     }.get(xid or DBE, {})
 
 
-class Alert(StrEnum):
-    """Alert names the ground truth expects; alerts/ implements them under these names."""
-
-    CRITICAL_XID = "GpuFleetCriticalXid"
-    APPLICATION_XID = "GpuFleetApplicationXid"
-    GPU_LOST = "GpuFleetGpuLost"
-    GPU_MISSING = "GpuFleetGpuMissing"
-    ECC_UNCORRECTABLE = "GpuFleetEccUncorrectable"
-    ROW_REMAP_FAILURE = "GpuFleetRowRemapFailure"
-    ROW_REMAP_PENDING = "GpuFleetRowRemapPending"
-    GPU_RECOVERY_ACTION = "GpuFleetGpuRecoveryAction"
-    REMAPS_CLIMBING = "GpuFleetCorrectableRemapsClimbing"
-    NVLINK_ERRORS = "GpuFleetNvlinkErrors"
-    PCIE_REPLAYS = "GpuFleetPcieReplays"
-    HW_SLOWDOWN = "GpuFleetHwSlowdown"
-    AGENT_DOWN = "GpuFleetAgentDown"
-    TELEMETRY_COLLAPSE = "GpuFleetTelemetryCollapse"
-    NODE_HEALTH = "GpuFleetNodeHealthDegraded"
-    STRAGGLER = "GpuFleetStragglerNode"
-    SLOWER_THAN_BASELINE = "GpuFleetNodeSlowerThanBaseline"
-    JOB_SLOWDOWN = "GpuFleetJobSlowdown"
-    STAGE_IMBALANCE = "GpuFleetStageImbalance"
-    JOB_HUNG = "GpuFleetJobHung"
-    DATA_LOADER_STALL = "GpuFleetDataLoaderStall"
-    CHECKPOINT_QUEUE_BOUND = "GpuFleetCheckpointQueueBound"
-    CHECKPOINT_SLOW = "GpuFleetCheckpointSlow"
-    RESTORE_SLOW = "GpuFleetRestoreSlow"
-
-
 class Scope(StrEnum):
     NODE = "node"  # a page for the node is expected
     JOB = "job"  # the job is affected; no single node can be blamed from telemetry
@@ -137,7 +110,7 @@ class Cause:
     effect: Effect
     xids: tuple[tuple[int, float], ...]  # (XID code, probability it is the one emitted)
     scope: Scope
-    expected_alerts: tuple[Alert, ...]
+    expected_alerts: tuple[AlertName, ...]
     excludes_node: bool
     precursor: str | None = None  # "remaps" or "pcie_replays", seen before some failures
     precursor_probability: float = 0.0
@@ -147,53 +120,54 @@ class Cause:
 CAUSES: tuple[Cause, ...] = (
     Cause(
         "gpu_fell_off_bus", "faulty_gpu", 12.0, Effect.GPU_LOST, ((79, 1.0),), Scope.NODE,
-        (Alert.CRITICAL_XID, Alert.GPU_LOST, Alert.GPU_MISSING), True, "pcie_replays", 0.3,
+        (AlertName.CRITICAL_XID, AlertName.GPU_LOST, AlertName.GPU_MISSING), True,
+        "pcie_replays", 0.3,
     ),
     Cause(
         "gpu_internal_error", "faulty_gpu", 10.0, Effect.GPU_ERROR, ((62, 0.5), (140, 0.5)),
-        Scope.NODE, (Alert.CRITICAL_XID,), True,
+        Scope.NODE, (AlertName.CRITICAL_XID,), True,
     ),
     Cause(
         "nvlink", "faulty_gpu", 8.0, Effect.NVLINK, ((74, 1.0),), Scope.NODE,
-        (Alert.CRITICAL_XID, Alert.NVLINK_ERRORS), True,
+        (AlertName.CRITICAL_XID, AlertName.NVLINK_ERRORS), True,
     ),
     Cause(
         # XID 48 leads; the rest of the burst follows it (``dbe_burst``)
         "hbm", "hbm", 17.0, Effect.HBM_ECC, ((DBE, 1.0),), Scope.NODE,
-        (Alert.CRITICAL_XID, Alert.ECC_UNCORRECTABLE, Alert.GPU_RECOVERY_ACTION,
-         Alert.ROW_REMAP_PENDING, Alert.ROW_REMAP_FAILURE),
+        (AlertName.CRITICAL_XID, AlertName.ECC_UNCORRECTABLE, AlertName.GPU_RECOVERY_ACTION,
+         AlertName.ROW_REMAP_PENDING, AlertName.ROW_REMAP_FAILURE),
         True, "remaps", 0.3,
     ),
     Cause(
         "software", "software", 13.0, Effect.JOB_STALL, ((13, 0.5), (31, 0.3), (43, 0.2)),
-        Scope.JOB, (Alert.APPLICATION_XID, Alert.JOB_HUNG), False,
+        Scope.JOB, (AlertName.APPLICATION_XID, AlertName.JOB_HUNG), False,
     ),
     Cause(
-        "network", "network", 8.0, Effect.JOB_STALL, (), Scope.JOB, (Alert.JOB_HUNG,), False
+        "network", "network", 8.0, Effect.JOB_STALL, (), Scope.JOB, (AlertName.JOB_HUNG,), False
     ),
-    Cause("host", "host", 8.0, Effect.NODE_DOWN, (), Scope.NODE, (Alert.AGENT_DOWN,), True),
+    Cause("host", "host", 8.0, Effect.NODE_DOWN, (), Scope.NODE, (AlertName.AGENT_DOWN,), True),
     Cause(
         "sram", "sram", 5.0, Effect.SRAM_ECC, ((95, 0.7), (48, 0.3)), Scope.NODE,
-        (Alert.CRITICAL_XID, Alert.ECC_UNCORRECTABLE), True,
+        (AlertName.CRITICAL_XID, AlertName.ECC_UNCORRECTABLE), True,
     ),
     Cause(
         "gsp", "gsp", 4.0, Effect.NVML_HANG, ((119, 0.6), (120, 0.4)), Scope.NODE,
-        (Alert.CRITICAL_XID, Alert.TELEMETRY_COLLAPSE, Alert.GPU_LOST), True,
+        (AlertName.CRITICAL_XID, AlertName.TELEMETRY_COLLAPSE, AlertName.GPU_LOST), True,
     ),
-    Cause("nic", "nic", 1.7, Effect.JOB_STALL, (), Scope.JOB, (Alert.JOB_HUNG,), False),
+    Cause("nic", "nic", 1.7, Effect.JOB_STALL, (), Scope.JOB, (AlertName.JOB_HUNG,), False),
     Cause(
         "nccl_timeout", "nccl_timeout", 1.7, Effect.JOB_STALL, (), Scope.JOB,
-        (Alert.JOB_HUNG,), False,
+        (AlertName.JOB_HUNG,), False,
     ),
     Cause("sdc", "sdc", 1.4, Effect.SILENT, (), Scope.NONE, (), False),
     Cause(
         "thermal", "thermal", 1.4, Effect.THERMAL, (), Scope.NODE,
-        (Alert.HW_SLOWDOWN, Alert.STRAGGLER), True,
+        (AlertName.HW_SLOWDOWN, AlertName.STRAGGLER), True,
     ),
-    Cause("ssd", "ssd", 0.7, Effect.NODE_DOWN, (), Scope.NODE, (Alert.AGENT_DOWN,), True),
+    Cause("ssd", "ssd", 0.7, Effect.NODE_DOWN, (), Scope.NODE, (AlertName.AGENT_DOWN,), True),
     Cause(
         "psu", "psu", 0.7, Effect.POWER_BRAKE, (), Scope.NODE,
-        (Alert.HW_SLOWDOWN, Alert.AGENT_DOWN), True,
+        (AlertName.HW_SLOWDOWN, AlertName.AGENT_DOWN), True,
     ),
 )  # fmt: skip
 CAUSES_BY_NAME = {cause.name: cause for cause in CAUSES}
@@ -268,17 +242,21 @@ class Episode:
 
 def slow_episode_expectations(kind: Kind) -> tuple[tuple[str, ...], Scope]:
     if kind == Kind.FAIL_SLOW_COMPUTE:
-        return (Alert.STRAGGLER, Alert.SLOWER_THAN_BASELINE), Scope.NODE
+        return (AlertName.STRAGGLER, AlertName.SLOWER_THAN_BASELINE), Scope.NODE
     if kind == Kind.FAIL_SLOW_COMM:
         # A slow link slows every rank of a lock-step job alike: the job is paged,
         # attributing it to a node needs network telemetry gpufleet does not have.
-        return (Alert.JOB_SLOWDOWN,), Scope.JOB
+        return (AlertName.JOB_SLOWDOWN,), Scope.JOB
     if kind == Kind.XID_STORM:
-        return (Alert.CRITICAL_XID,), Scope.NODE
+        return (AlertName.CRITICAL_XID,), Scope.NODE
     if kind == Kind.ECC_DEGRADATION:
-        return (Alert.REMAPS_CLIMBING, Alert.ROW_REMAP_PENDING, Alert.ECC_UNCORRECTABLE), Scope.NODE
+        return (
+            AlertName.REMAPS_CLIMBING,
+            AlertName.ROW_REMAP_PENDING,
+            AlertName.ECC_UNCORRECTABLE,
+        ), Scope.NODE
     if kind == Kind.NVLINK_FLAPPING:
-        return (Alert.NVLINK_ERRORS, Alert.CRITICAL_XID), Scope.NODE
+        return (AlertName.NVLINK_ERRORS, AlertName.CRITICAL_XID), Scope.NODE
     if kind == Kind.PRECURSOR:
-        return (Alert.REMAPS_CLIMBING, Alert.PCIE_REPLAYS), Scope.NODE
+        return (AlertName.REMAPS_CLIMBING, AlertName.PCIE_REPLAYS), Scope.NODE
     return (), Scope.NONE
