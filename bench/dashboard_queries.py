@@ -98,9 +98,9 @@ def main() -> int:
             recorded = Recorded.of(RulesConfig())
             wait_until(
                 lambda: (
-                    fed.prometheus.query(recorded.node_gpus)
-                    and fed.prometheus.query(recorded.compute_ratio)
-                    and fed.prometheus.query(f"{recorded.hw_slowdown} or vector(1)")
+                    fed.prometheus.query(recorded.support.node_gpus)
+                    and fed.prometheus.query(recorded.training.compute_ratio)
+                    and fed.prometheus.query(f"{recorded.gpu.hw_slowdown} or vector(1)")
                 ),
                 180,
                 what="the recording rules' first evaluation",

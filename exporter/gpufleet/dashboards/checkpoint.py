@@ -32,8 +32,11 @@ def build(config: RulesConfig) -> dm.Dashboard:
         "was being served, over the last hour. At scale the wait, not the write, dominates.",
         "s",
         common.targets(
-            (f"{r.queue_wait_per_op}{{{job}}}", "{{op}} queued"),
-            (f"{r.seconds_per_op}{{{job}}} - {r.queue_wait_per_op}{{{job}}}", "{{op}} served"),
+            (f"{r.checkpoint.queue_wait_per_op}{{{job}}}", "{{op}} queued"),
+            (
+                f"{r.checkpoint.seconds_per_op}{{{job}}} - {r.checkpoint.queue_wait_per_op}{{{job}}}",
+                "{{op}} served",
+            ),
         ),
         stacked=True,
     )
@@ -45,7 +48,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
         f"GpuFleetCheckpointQueueBound pages above {config.checkpoint_queue_share:g} with at "
         f"least {config.checkpoint_min_writers} writers.",
         "percentunit",
-        common.targets((f"{r.queue_share}{{{job}}}", "{{training_job}}")),
+        common.targets((f"{r.checkpoint.queue_share}{{{job}}}", "{{training_job}}")),
         limit_at=config.checkpoint_queue_share,
     )
     # Per node and operation (save / restore): one recorded series each, drawn alike.
@@ -54,9 +57,9 @@ def build(config: RulesConfig) -> dm.Dashboard:
          "Seconds per checkpoint operation on each node (queued + served) over "
          f"{config.rate_window}, where it checkpointed. Budgets: save {config.checkpoint_save_budget_s:g} s, "
          f"restore {config.checkpoint_restore_budget_s:g} s.",
-         "s", r.node_seconds_per_op, {"bars": True}),
+         "s", r.support.node_seconds_per_op, {"bars": True}),
         ("Checkpoint bytes/s per node", "Checkpoint bytes each node wrote or read per second.",
-         "Bps", r.node_checkpoint_bytes, {"stacked": True}),
+         "Bps", r.support.node_checkpoint_bytes, {"stacked": True}),
     )  # fmt: skip
     for title, description, unit, series, style in per_node:
         query = common.targets((f"{series}{{{job}}}", "{{node}} {{op}}"))
@@ -74,7 +77,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
                 "writers in flight",
             ),
             (rate(queue, "training_job"), "queue wait (s/s)"),
-            (f"{r.writers}{{{job}}}", "nodes that wrote in " + config.checkpoint_window),
+            (f"{r.checkpoint.writers}{{{job}}}", "nodes that wrote in " + config.checkpoint_window),
         ),
     )
     saved = common.sel(
@@ -109,12 +112,18 @@ def build(config: RulesConfig) -> dm.Dashboard:
         "short",
         [
             common.target(
-                common.tenant_jobs(f"{r.writers}{{{common.sel()}}}", r.job_tenant, jobs=False),
+                common.tenant_jobs(
+                    f"{r.checkpoint.writers}{{{common.sel()}}}", r.support.job_tenant, jobs=False
+                ),
                 instant=True,
                 ref="A",
             ),
             common.target(
-                common.tenant_jobs(f"{r.queue_share}{{{common.sel()}}}", r.job_tenant, jobs=False),
+                common.tenant_jobs(
+                    f"{r.checkpoint.queue_share}{{{common.sel()}}}",
+                    r.support.job_tenant,
+                    jobs=False,
+                ),
                 instant=True,
                 ref="B",
             ),
@@ -128,11 +137,11 @@ def build(config: RulesConfig) -> dm.Dashboard:
         "Where checkpoint time goes: queued for storage or being written, and how that "
         "grows with the number of writers.",
         [
-            common.namespace_variable((r.gpu_tenant, r.job_tenant)),
+            common.namespace_variable((r.support.gpu_tenant, r.support.job_tenant)),
             common.query_variable(
                 "training_job",
                 "Training job",
-                f"label_values({r.job_tenant}{{{common.sel(common.TENANT)}}}, training_job)",
+                f"label_values({r.support.job_tenant}{{{common.sel(common.TENANT)}}}, training_job)",
             ),
         ],
         grid,

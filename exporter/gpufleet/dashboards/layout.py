@@ -118,7 +118,7 @@ def layout_panels(grid: common.Grid, config: RulesConfig) -> None:
     )
     nvlink = (
         f"sum by (node) (\n  {cat.NVLINK_BANDWIDTH.name}{{{common.sel(config.gpu_selector)}}}\n"
-        f"  * on (UUID) group_left (node) {r.gpu_node}{{{common.sel()}}}\n) * {NVLINK_TO_BYTES}"
+        f"  * on (UUID) group_left (node) {r.support.gpu_node}{{{common.sel()}}}\n) * {NVLINK_TO_BYTES}"
     )
     infiniband = _network(
         external.NODE_INFINIBAND_TRANSMITTED.name,

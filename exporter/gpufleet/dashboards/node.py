@@ -40,7 +40,7 @@ def this_node(config: RulesConfig, name: str, by: str = "node, gpu", wrap: str =
         series = wrap.format(series)
     return (
         f"max by ({by}) (\n  {series}\n"
-        f"  * on (UUID) group_left (node) {Recorded.of(config).gpu_node}{{{common.sel(NODE)}}}\n)"
+        f"  * on (UUID) group_left (node) {Recorded.of(config).support.gpu_node}{{{common.sel(NODE)}}}\n)"
     )
 
 
@@ -106,7 +106,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
         common.targets(
             (
                 this_node(config, cat.THROTTLE_ACTIVE.name, "node, gpu, reason")
-                + f"\nor ({r.hw_slowdown}{{{common.sel(NODE)}}} and on (UUID) {these})",
+                + f"\nor ({r.gpu.hw_slowdown}{{{common.sel(NODE)}}} and on (UUID) {these})",
                 GPU_LEGEND + " {{reason}}",
             ),
         ),
@@ -179,7 +179,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
         "short",
         common.targets(
             (
-                f"{r.xid_new}{{{common.sel(NODE)}}} and on (UUID) {these}",
+                f"{r.gpu.xid_new}{{{common.sel(NODE)}}} and on (UUID) {these}",
                 GPU_LEGEND + " XID {{xid}}",
             )
         ),
@@ -215,7 +215,9 @@ def build(config: RulesConfig) -> dm.Dashboard:
         common.targets(
             (
                 common.tenant_jobs(
-                    f"{r.phase_per_step}{{{common.sel(NODE)}}}", r.job_tenant, jobs=False
+                    f"{r.support.phase_per_step}{{{common.sel(NODE)}}}",
+                    r.support.job_tenant,
+                    jobs=False,
                 ),
                 "{{node}} {{phase}} ({{training_job}} stage {{pp_stage}})",
             )
@@ -262,20 +264,22 @@ def build(config: RulesConfig) -> dm.Dashboard:
         "gpufleet / Node",
         "One node: every GPU signal, its health score, training time, checkpoint I/O and exclusions.",
         [
-            common.namespace_variable((r.gpu_tenant, r.job_tenant)),
+            common.namespace_variable((r.support.gpu_tenant, r.support.job_tenant)),
             common.query_variable(
-                "node", "Node", f"label_values({r.gpu_tenant}{{{common.sel(common.TENANT)}}}, node)"
+                "node",
+                "Node",
+                f"label_values({r.support.gpu_tenant}{{{common.sel(common.TENANT)}}}, node)",
             ),
             common.query_variable(
                 "gpu",
                 "GPU",
-                f"label_values({r.gpu_tenant}{{{common.sel(NODE, common.TENANT)}}}, gpu)",
+                f"label_values({r.support.gpu_tenant}{{{common.sel(NODE, common.TENANT)}}}, gpu)",
                 include_all=True,
             ),
             common.query_variable(
                 "uuid",
                 "GPU UUIDs",
-                f"label_values({r.gpu_tenant}{{{common.sel(NODE, common.TENANT)}}}, UUID)",
+                f"label_values({r.support.gpu_tenant}{{{common.sel(NODE, common.TENANT)}}}, UUID)",
                 include_all=True,
                 all_value=None,
                 hide=True,

@@ -27,7 +27,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
     firing = common.sel('alertstate="firing"', 'alertname=~"GpuFleet.*"', common.TENANT)
     gpus = common.sel(config.gpu_selector)
     grid = common.Grid()
-    ratios = common.tenant_jobs(f"{r.compute_ratio}{{{c}}}", r.job_tenant)
+    ratios = common.tenant_jobs(f"{r.training.compute_ratio}{{{c}}}", r.support.job_tenant)
     counts = [
         ("Healthy nodes", "Nodes whose agent answers, with a health score below the alert's "
          "threshold and no exclusion.",
@@ -68,7 +68,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
             (f"sum({cat.GPUS_EXPECTED.name}{{{common.sel(config.gpu_selector)}}})", "expected"),
             (f"sum({cat.GPUS_SEEN.name}{{{common.sel(config.gpu_selector)}}})", "seen"),
             (
-                f"sum({common.tenant_gpus(f'{cat.GPU_UP.name}{{{gpus}}}', r.gpu_tenant)})",
+                f"sum({common.tenant_gpus(f'{cat.GPU_UP.name}{{{gpus}}}', r.support.gpu_tenant)})",
                 "answering (of the tenant)",
             ),
         ),
@@ -77,9 +77,9 @@ def build(config: RulesConfig) -> dm.Dashboard:
     # those on nodes the ledger holds excluded (0 where none); GPUs by UUID: a time-sliced
     # or MIG GPU counts once for each namespace holding it, however many of its
     # instances; the MIG instances its pods hold are a column of their own.
-    held = f"{r.gpu_tenant}{{{common.sel(common.TENANT)}}}"
-    instances = f"{r.instance_allocation}{{{common.sel(common.TENANT)}}}"
-    xids = f"{r.xid_new}{{{c}}}"
+    held = f"{r.support.gpu_tenant}{{{common.sel(common.TENANT)}}}"
+    instances = f"{r.attribution.instance_allocation}{{{common.sel(common.TENANT)}}}"
+    xids = f"{r.gpu.xid_new}{{{c}}}"
     none = f"count by (namespace) ({held}) * 0"
     failing = f"ALERTS{{{common.sel('alertstate=' + common.quoted('firing'), 'alertname=~' + common.quoted('GpuFleet.*'), 'UUID!=' + common.quoted(''))}}}"
     grid.add(
@@ -142,7 +142,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
             [
                 common.target(f"topk(5, {ratios})", instant=True, ref="A"),
                 common.target(
-                    f"{r.compute_zscore}{{{c}}} and on (training_job, node, pp_stage) topk(5, {ratios})",
+                    f"{r.training.compute_zscore}{{{c}}} and on (training_job, node, pp_stage) topk(5, {ratios})",
                     instant=True,
                     ref="B",
                 ),
@@ -163,7 +163,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
         common.targets(
             (
                 f"sum by (xid) (\n  ({xids} and on (UUID, GPU_I_ID) {instances})\n  or "
-                f"{common.tenant_gpus(f'{xids} unless on (UUID, GPU_I_ID) {r.instance_allocation}', r.gpu_tenant)}\n)",
+                f"{common.tenant_gpus(f'{xids} unless on (UUID, GPU_I_ID) {r.attribution.instance_allocation}', r.support.gpu_tenant)}\n)",
                 "XID {{xid}}",
             )
         ),
@@ -176,7 +176,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
         "Mean GPU utilisation over every GPU of the fleet (a GPU split into MIG instances: "
         "their graphics engine activity weighted by their compute slices).",
         "percent",
-        common.targets((f"{r.fleet_util}{{{c}}}", "mean utilisation")),
+        common.targets((f"{r.support.fleet_util}{{{c}}}", "mean utilisation")),
     )
     grid.timeseries(
         8,
@@ -184,15 +184,15 @@ def build(config: RulesConfig) -> dm.Dashboard:
         "Fleet GPU power",
         "Power drawn by all GPUs of the fleet together.",
         "watt",
-        common.targets((f"{r.fleet_power}{{{c}}}", "GPU power")),
+        common.targets((f"{r.support.fleet_power}{{{c}}}", "GPU power")),
     )
     return common.dashboard(
         UID,
         "gpufleet / Fleet overview",
         "Where to start: node states, firing alerts, the worst nodes and the fleet's load.",
         [
-            common.namespace_variable((r.gpu_tenant, r.job_tenant)),
-            common.training_jobs_variable(r.job_tenant),
+            common.namespace_variable((r.support.gpu_tenant, r.support.job_tenant)),
+            common.training_jobs_variable(r.support.job_tenant),
         ],
         grid,
     )

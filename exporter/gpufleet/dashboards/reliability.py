@@ -29,7 +29,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
         "Share of the fleet's exclusions over 30 days caused by its three most excluded "
         f"nodes. GpuFleetExclusionConcentration reports above {config.concentration_share:g}.",
         "percentunit",
-        [common.target(f"{r.top3_share}{{{c}}}", "top-3 share")],
+        [common.target(f"{r.reliability.top_share}{{{c}}}", "top-3 share")],
         steps=common.limit(config.concentration_share),
     )
     grid.stat(
@@ -38,7 +38,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
         "Fleet MTBF (30 d)",
         "Node-hours per exclusion over 30 days: the mean time between failures of one node.",
         "h",
-        [common.target(f"{r.mtbf}{{{c}}}", "MTBF")],
+        [common.target(f"{r.reliability.node_mtbf}{{{c}}}", "MTBF")],
     )
     grid.stat(
         6,
@@ -49,7 +49,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
         "percentunit",
         [
             common.target(
-                f"count_over_time(({r.job_step}{{{common.sel(common.JOB)}}} > 0)[$__range:1m]) * 60 / $__range_s",
+                f"count_over_time(({r.training.job_step}{{{common.sel(common.JOB)}}} > 0)[$__range:1m]) * 60 / $__range_s",
                 "{{training_job}}",
             )
         ],
@@ -78,7 +78,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
         f"nodes. {config.repeat_offender_exclusions} in {config.repeat_offender_window} "
         "page (GpuFleetRepeatOffenderNode). Click a node for its dashboard.",
         "short",
-        [common.target(f"topk(15, {r.exclusions_node}{{{c}}} > 0)", instant=True)],
+        [common.target(f"topk(15, {r.reliability.node_exclusions}{{{c}}} > 0)", instant=True)],
         columns=("exclusions (30 d)",),
     )
     grid.table(
@@ -87,7 +87,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
         "Incidents by cause (30 d)",
         "Exclusions over 30 days by the reason the ledger recorded.",
         "short",
-        [common.target(f"{r.exclusions_reason}{{{c}}} > 0", instant=True)],
+        [common.target(f"{r.support.exclusions_reason}{{{c}}} > 0", instant=True)],
         link_node=False,
         columns=("exclusions (30 d)",),
     )
@@ -100,7 +100,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
         [
             common.target(
                 f"count by (xid, class, meaning) (\n  max by (node, gpu, xid) "
-                f"(max_over_time({r.xid_new}{{{c}}}[$__range]))\n"
+                f"(max_over_time({r.gpu.xid_new}{{{c}}}[$__range]))\n"
                 "  * on (xid) group_left (class, meaning) gpufleet:xid_catalogue:info\n)",
                 instant=True,
             )
@@ -138,8 +138,8 @@ def build(config: RulesConfig) -> dm.Dashboard:
         "how often the job's nodes actually saved over the last hour (saves per rank).",
         "s",
         common.targets(
-            (f"{r.young_daly}{{{common.sel(common.JOB)}}}", "Young/Daly optimum"),
-            (f"{r.checkpoint_interval}{{{common.sel(common.JOB)}}}", "actual interval"),
+            (f"{r.reliability.young_daly}{{{common.sel(common.JOB)}}}", "Young/Daly optimum"),
+            (f"{r.support.checkpoint_interval}{{{common.sel(common.JOB)}}}", "actual interval"),
         ),
     )
     return common.dashboard(
@@ -147,11 +147,11 @@ def build(config: RulesConfig) -> dm.Dashboard:
         "gpufleet / Reliability and goodput",
         "Where failures concentrate, how fast jobs recover, and how much wall time trains.",
         [
-            common.namespace_variable((r.gpu_tenant, r.job_tenant)),
+            common.namespace_variable((r.support.gpu_tenant, r.support.job_tenant)),
             common.query_variable(
                 "training_job",
                 "Training job",
-                f"label_values({r.job_tenant}{{{common.sel(common.TENANT)}}}, training_job)",
+                f"label_values({r.support.job_tenant}{{{common.sel(common.TENANT)}}}, training_job)",
             ),
             common.query_variable(
                 "source",
