@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from gpufleet.exposition import escape_label_value
 from gpufleet.promapi import PrometheusApi
 from gpufleet.rules.inline import Inliner, RecordRule
 
@@ -125,7 +126,7 @@ def _write_family(
     stream.write(f"# TYPE {name} gauge\n")
     written = 0
     for labels, samples in sorted(series.items()):
-        text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
+        text = ",".join(f'{k}="{escape_label_value(v)}"' for k, v in labels)
         prefix = f"{name}{{{text}}} " if text else f"{name} "
         last = None
         for time, value in sorted(samples):
@@ -135,7 +136,3 @@ def _write_family(
             last = time
             written += 1
     return written
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

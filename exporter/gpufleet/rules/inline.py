@@ -25,6 +25,8 @@ from typing import Any
 
 import yaml
 
+from gpufleet.exposition import escape_label_value
+
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _STRING = re.compile(r""""(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|`[^`]*`""")
 # an equality matcher, or a regex one whose value is a plain name (a dashboard variable
@@ -189,12 +191,14 @@ class Inliner:
                 continue
             branch = f"({self.inline(record.expr)})"
             for label, value in static.items():
-                branch = f'label_replace({branch}, "{label}", "{_escape(value)}", "", "")'
+                branch = (
+                    f'label_replace({branch}, "{label}", "{escape_label_value(value)}", "", "")'
+                )
             for label, value in matchers.items():
                 if label not in static:
                     branch = (
                         f"({branch} and on ({label}) "
-                        f'label_replace(vector(1), "{label}", "{_escape(value)}", "", ""))'
+                        f'label_replace(vector(1), "{label}", "{escape_label_value(value)}", "", ""))'
                     )
             branches.append(branch)
         if not branches:
@@ -226,10 +230,6 @@ def read_records(paths: list[Path]) -> list[RecordRule]:
                         RecordRule(rule["record"], rule["expr"], dict(rule.get("labels", {})))
                     )
     return records
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"')
 
 
 def inlined_alerts(
