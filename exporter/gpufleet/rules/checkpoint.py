@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpufleet.rules.common import Alert, Group, Record, SeriesNames, metric
+from gpufleet.rules.common import Alert, Record, RuleGroup, SeriesNames, metric
 from gpufleet.rules.config import RulesConfig
 from gpufleet.schema.alerts import AlertName
 
@@ -23,7 +23,7 @@ class CheckpointSeries(SeriesNames):
     seconds_per_op_daly: str = "job:gpufleet_checkpoint_seconds_per_op:rate{checkpoint_daly_window}"
 
 
-def checkpoint_groups(config: RulesConfig) -> list[Group]:
+def checkpoint_groups(config: RulesConfig) -> list[RuleGroup]:
     sel = config.agent_selector
     w = config.checkpoint_window
     series = CheckpointSeries.of(config)
@@ -91,6 +91,6 @@ def checkpoint_groups(config: RulesConfig) -> list[Group]:
         ),
     ]
     return [
-        Group("gpufleet-checkpoint-recording", records, config.slow_recording_interval),
-        Group("gpufleet-checkpoint-alerts", alerts),
+        RuleGroup("gpufleet-checkpoint-recording", records, config.slow_recording_interval),
+        RuleGroup("gpufleet-checkpoint-alerts", alerts),
     ]

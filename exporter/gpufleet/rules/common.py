@@ -65,7 +65,7 @@ class Alert:
 
 
 @dataclass(slots=True)
-class Group:
+class RuleGroup:
     name: str
     rules: Sequence[Record | Alert]
     interval: str | None = None
@@ -74,7 +74,7 @@ class Group:
 @dataclass(frozen=True, slots=True)
 class RuleFile:
     name: str  # file stem, e.g. "gpu" -> alerts/gpu.rules.yaml
-    groups: list[Group]
+    groups: list[RuleGroup]
 
 
 class SeriesNames:

@@ -6,7 +6,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpufleet.rules.attribution import AttributionSeries
-from gpufleet.rules.common import NODE_STAGE, Alert, Group, Record, SeriesNames, metric, with_node
+from gpufleet.rules.common import (
+    NODE_STAGE,
+    Alert,
+    Record,
+    RuleGroup,
+    SeriesNames,
+    metric,
+    with_node,
+)
 from gpufleet.rules.config import RulesConfig
 
 
@@ -32,7 +40,7 @@ class DashboardSeries(SeriesNames):
     checkpoint_interval: str = "job:gpufleet_checkpoint_interval_seconds:rate{checkpoint_op_window}"
 
 
-def dashboard_support_group(config: RulesConfig) -> Group:
+def dashboard_support_group(config: RulesConfig) -> RuleGroup:
     gpus, agent, fleet = config.gpu_selector, config.agent_selector, config.fleet_selector
     w = config.rate_window
     month = config.reliability_window
@@ -109,7 +117,7 @@ def dashboard_support_group(config: RulesConfig) -> Group:
             f"  / max by (training_job, node) ({metric('gpufleet_training_ranks', agent)}) > 0\n)",
         ),
     ]
-    return Group("gpufleet-dashboard-support", rules, config.slow_recording_interval)
+    return RuleGroup("gpufleet-dashboard-support", rules, config.slow_recording_interval)
 
 
 # Compute slices of a GPU split into MIG instances: 7 on A100, H100, H200 and B200 (an

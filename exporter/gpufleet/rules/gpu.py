@@ -17,8 +17,8 @@ from gpufleet.rules.common import (
     GPU,
     GPU_WHO,
     Alert,
-    Group,
     Record,
+    RuleGroup,
     SeriesNames,
     agent_node,
     metric,
@@ -58,7 +58,7 @@ def _info_record(name: str, static: dict[str, str], series: list[dict[str, str]]
     return Record(name, "\nor ".join(_constant_series(labels) for labels in series), static)
 
 
-def xid_catalogue_group() -> Group:
+def xid_catalogue_group() -> RuleGroup:
     """The catalogue's info series: one record per class, holding a series per code
     (five rules for 108 codes), and one per urgency for NVML's recovery actions."""
     rules: list[Record | Alert] = [
@@ -85,7 +85,7 @@ def xid_catalogue_group() -> Group:
                 ],
             )
         )
-    return Group("gpufleet-xid-catalogue", rules)
+    return RuleGroup("gpufleet-xid-catalogue", rules)
 
 
 # Per-GPU counters whose rise over a window the alerts and the health signals read.
@@ -163,7 +163,7 @@ class GpuSeries(SeriesNames):
 THROTTLE_BITMASKS = ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS")
 
 
-def gpu_recording(config: RulesConfig) -> Group:
+def gpu_recording(config: RulesConfig) -> RuleGroup:
     sel = config.gpu_selector
     node_labels = config.node_labels
     window = config.xid_window
@@ -230,10 +230,10 @@ def gpu_recording(config: RulesConfig) -> Group:
             f"max by ({GPU}) ({with_node(f'({recovery}) > 0', node_labels)})\n)",
         ),
     ]
-    return Group("gpufleet-gpu-recording", rules, config.gpu_recording_interval)
+    return RuleGroup("gpufleet-gpu-recording", rules, config.gpu_recording_interval)
 
 
-def gpu_counters(config: RulesConfig) -> Group:
+def gpu_counters(config: RulesConfig) -> RuleGroup:
     """Each counter of RISEN, its rise over its window per GPU, where it rose."""
     sel = config.gpu_selector
     rules: list[Record | Alert] = [
@@ -243,7 +243,7 @@ def gpu_counters(config: RulesConfig) -> Group:
         )
         for name, knob in RISEN
     ]
-    return Group("gpufleet-gpu-counters", rules, config.gpu_recording_interval)
+    return RuleGroup("gpufleet-gpu-counters", rules, config.gpu_recording_interval)
 
 
 def _xid_class(xid: str, klass: XidClass) -> str:
@@ -257,7 +257,7 @@ def _recovery(series: GpuSeries, urgency: str) -> str:
     )
 
 
-def gpu_alerts(config: RulesConfig) -> Group:
+def gpu_alerts(config: RulesConfig) -> RuleGroup:
     sel = config.gpu_selector
     series = GpuSeries.of(config)
     xid = series.xid_new
@@ -440,7 +440,7 @@ def gpu_alerts(config: RulesConfig) -> Group:
             config.gpu_missing_for,
         ),
     ]
-    return Group("gpufleet-gpu-alerts", [_with_attribution(config, rule) for rule in rules])
+    return RuleGroup("gpufleet-gpu-alerts", [_with_attribution(config, rule) for rule in rules])
 
 
 def _with_attribution(config: RulesConfig, rule: Record | Alert) -> Record | Alert:

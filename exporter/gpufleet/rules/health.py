@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpufleet.rules.common import Alert, Group, Record, metric, with_node
+from gpufleet.rules.common import Alert, Record, RuleGroup, metric, with_node
 from gpufleet.rules.config import RulesConfig
 from gpufleet.rules.gpu import XID_INFO, GpuSeries, risen_series
 from gpufleet.rules.presence import presence_records
@@ -14,7 +14,7 @@ HEALTH_SCORE = "node:gpufleet_health:score"
 HEALTH_SIGNAL = "node:gpufleet_health_signal:"
 
 
-def health_recording(config: RulesConfig) -> Group:
+def health_recording(config: RulesConfig) -> RuleGroup:
     sel = config.gpu_selector
     weight = config.health_signal_weight
     # sw_power_cap is not counted: a GPU training at its power limit is capped by design
@@ -56,4 +56,4 @@ def health_recording(config: RulesConfig) -> Group:
     )
     rules.append(Record(HEALTH_SCORE, f"sum by (node) (\n  {tagged}\n)"))
     rules.extend(presence_records(config))
-    return Group("gpufleet-node-health", rules)
+    return RuleGroup("gpufleet-node-health", rules)

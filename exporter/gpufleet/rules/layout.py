@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpufleet.rules.common import Alert, Group, Record, SeriesNames, metric, with_node
+from gpufleet.rules.common import Alert, Record, RuleGroup, SeriesNames, metric, with_node
 from gpufleet.rules.config import RulesConfig
 from gpufleet.schema.alerts import AlertName
 from gpufleet.schema.gpu import GPU_FABRIC_INFO
@@ -43,7 +43,7 @@ class LayoutSeries(SeriesNames):
     stage_ranks: str = "stage:gpufleet_training_pipeline_ranks:count"
 
 
-def layout_groups(config: RulesConfig) -> list[Group]:
+def layout_groups(config: RulesConfig) -> list[RuleGroup]:
     sel = config.agent_selector
     series = LayoutSeries.of(config)
     size = PARALLEL_GROUP_SIZE.name
@@ -122,4 +122,7 @@ def layout_groups(config: RulesConfig) -> list[Group]:
             config.pipeline_uneven_for,
         ),
     ]
-    return [Group("gpufleet-layout-recording", records), Group("gpufleet-layout-alerts", alerts)]
+    return [
+        RuleGroup("gpufleet-layout-recording", records),
+        RuleGroup("gpufleet-layout-alerts", alerts),
+    ]

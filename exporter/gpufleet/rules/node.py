@@ -3,7 +3,7 @@ telemetry that collapses, and the node health page."""
 
 from __future__ import annotations
 
-from gpufleet.rules.common import Alert, Group, Record, agent_node, metric
+from gpufleet.rules.common import Alert, Record, RuleGroup, agent_node, metric
 from gpufleet.rules.config import RulesConfig
 from gpufleet.rules.gpu import GpuSeries
 from gpufleet.rules.health import HEALTH_SCORE
@@ -11,7 +11,7 @@ from gpufleet.rules.presence import presence_note, targets_missing
 from gpufleet.schema.alerts import AlertName
 
 
-def node_alerts(config: RulesConfig) -> Group:
+def node_alerts(config: RulesConfig) -> RuleGroup:
     agent_up = metric("up", config.agent_selector)
     node_up = f'label_replace({agent_up}, "node", "$1", "instance", "([^:]+).*")'
     excluded = metric("gpufleet_fleet_node_excluded", config.fleet_selector)
@@ -71,7 +71,7 @@ def node_alerts(config: RulesConfig) -> Group:
             config.health_for,
         ),
     ]
-    return Group("gpufleet-node-alerts", rules)
+    return RuleGroup("gpufleet-node-alerts", rules)
 
 
 def _targets_missing_alerts(config: RulesConfig) -> list[Record | Alert]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpufleet.rules.checkpoint import CheckpointSeries
-from gpufleet.rules.common import Alert, Group, Record, SeriesNames, metric
+from gpufleet.rules.common import Alert, Record, RuleGroup, SeriesNames, metric
 from gpufleet.rules.config import RulesConfig
 from gpufleet.rules.inline import duration_seconds
 from gpufleet.rules.presence import presence_note, targets_missing, targets_record
@@ -33,7 +33,7 @@ class ReliabilitySeries(SeriesNames):
     young_daly: str = "job:gpufleet_checkpoint_interval_young_daly_seconds:{reliability_window}"
 
 
-def reliability_groups(config: RulesConfig) -> list[Group]:
+def reliability_groups(config: RulesConfig) -> list[RuleGroup]:
     sel = config.fleet_selector
     exclusions = metric(ledger.EXCLUSIONS.name, sel), metric(ledger.EXCLUSIONS_CREATED.name, sel)
     failed = (
@@ -146,6 +146,6 @@ def reliability_groups(config: RulesConfig) -> list[Group]:
             )
         )
     return [
-        Group("gpufleet-reliability-recording", records),
-        Group("gpufleet-reliability-alerts", alerts),
+        RuleGroup("gpufleet-reliability-recording", records),
+        RuleGroup("gpufleet-reliability-alerts", alerts),
     ]

@@ -4,7 +4,7 @@ stalls), ``hang`` (jobs that stop); ``series`` names what they record."""
 
 from __future__ import annotations
 
-from gpufleet.rules.common import Group
+from gpufleet.rules.common import RuleGroup
 from gpufleet.rules.config import RulesConfig
 from gpufleet.rules.training import hang, job, straggler
 from gpufleet.rules.training.series import TrainingSeries
@@ -12,7 +12,7 @@ from gpufleet.rules.training.series import TrainingSeries
 __all__ = ["TrainingSeries", "training_groups"]
 
 
-def training_groups(config: RulesConfig) -> list[Group]:
+def training_groups(config: RulesConfig) -> list[RuleGroup]:
     series = TrainingSeries.of(config)
     # Windows of 15 minutes to 2 hours move little in a minute: evaluated once a minute
     # (slow_recording_interval); the rules that read them every 15 s see the latest value.
@@ -40,9 +40,9 @@ def training_groups(config: RulesConfig) -> list[Group]:
         hang.application_xid_alert(config),
     ]
     return [
-        Group("gpufleet-training-peers", straggler.peer_records(config, series)),
-        Group("gpufleet-training-long-windows", long_windows, config.slow_recording_interval),
-        Group("gpufleet-training-coverage", straggler.coverage_records(config, series)),
-        Group("gpufleet-training-trends", trends),
-        Group("gpufleet-training-alerts", alerts),
+        RuleGroup("gpufleet-training-peers", straggler.peer_records(config, series)),
+        RuleGroup("gpufleet-training-long-windows", long_windows, config.slow_recording_interval),
+        RuleGroup("gpufleet-training-coverage", straggler.coverage_records(config, series)),
+        RuleGroup("gpufleet-training-trends", trends),
+        RuleGroup("gpufleet-training-alerts", alerts),
     ]
