@@ -35,7 +35,8 @@ from typing import Any, Protocol, Self, TypeVar
 import pytest
 import uvicorn
 
-from gpufleet.gpu.fake import FakeNvml, bundled_fixture
+from gpufleet.gpu.fake import FakeNvml
+from gpufleet.gpu.fixture import bundled_fixture
 from gpufleet.lab.devstack import AlertmanagerServer, PrometheusServer
 from gpufleet.lab.processes import (
     PROMETHEUS3_BIN,

@@ -19,7 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpufleet.agent.app import Agent, AgentSettings
 from gpufleet.exposition import render
 from gpufleet.gpu.attribution import Attribution, PodAllocation, PodRef
-from gpufleet.gpu.fake import FakeNvml, bundled_fixture
+from gpufleet.gpu.fake import FakeNvml
+from gpufleet.gpu.fixture import bundled_fixture
 from gpufleet.gpu.reader import NvmlReader
 from gpufleet.gpu.render import gpu_families
 from gpufleet.gpu.xid import XidLedger

@@ -11,7 +11,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet.exposition import render
-from gpufleet.gpu.fake import FakeNvml, bundled_fixture, load_fixture
+from gpufleet.gpu.fake import FakeNvml
+from gpufleet.gpu.fixture import bundled_fixture, load_fixture
 from gpufleet.gpu.reader import NvmlReader
 from gpufleet.gpu.record import RecordingNvml
 from gpufleet.gpu.render import gpu_families

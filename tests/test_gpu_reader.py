@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from gpufleet.gpu.fake import FakeNvml, bundled_fixture
+from gpufleet.gpu.fake import FakeNvml
+from gpufleet.gpu.fixture import bundled_fixture
 from gpufleet.gpu.nvml_call import NvmlUnavailable
 from gpufleet.gpu.reader import NvmlReader
 from gpufleet.gpu.snapshot import GpuSnapshot

@@ -14,7 +14,8 @@ import httpx
 import pytest
 
 from gpufleet.agent.app import Agent, AgentSettings
-from gpufleet.gpu.fake import FakeNvml, bundled_fixture
+from gpufleet.gpu.fake import FakeNvml
+from gpufleet.gpu.fixture import bundled_fixture
 from gpufleet.lab.devstack import PrometheusServer, static_scrape_config
 from gpufleet.lab.processes import free_port, http_get, wait_until
 

@@ -20,7 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpufleet.agent.app import Agent, AgentSettings
 from gpufleet.exposition import render
 from gpufleet.gpu.attribution import Attribution, PodAllocation, PodRef, gpu_key
-from gpufleet.gpu.fake import FakeNvml, bundled_fixture
+from gpufleet.gpu.fake import FakeNvml
+from gpufleet.gpu.fixture import bundled_fixture
 from gpufleet.gpu.mig import mig_memory_gb
 from gpufleet.gpu.nvml_call import CallErrors
 from gpufleet.gpu.reader import NvmlReader

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from gpufleet.gpu import record
-from gpufleet.gpu.fake import FakeNvml, bundled_fixture, load_fixture
+from gpufleet.gpu.fake import FakeNvml
+from gpufleet.gpu.fixture import bundled_fixture, load_fixture
 from gpufleet.gpu.reader import NvmlReader
 from gpufleet.gpu.record import RecordingNvml
 

@@ -37,7 +37,8 @@ from gpufleet.agent.pod_resources import (
 from gpufleet.cli import AGENT_OPTIONS, build_parser
 from gpufleet.cli import agent as agent_cli
 from gpufleet.gpu import attribution
-from gpufleet.gpu.fake import FakeNvml, bundled_fixture
+from gpufleet.gpu.fake import FakeNvml
+from gpufleet.gpu.fixture import bundled_fixture
 from gpufleet.lab.processes import free_port
 from gpufleet.schema import gpu as cat
 from kubelet_podresources import Allocation, KubeletPodResources, compile_proto

@@ -22,7 +22,7 @@ from typing import Any
 import pynvml
 
 from gpufleet.exposition import render
-from gpufleet.gpu.fake import FIXTURE_FORMAT
+from gpufleet.gpu.fixture import FIXTURE_FORMAT
 from gpufleet.gpu.nvml_call import NvmlApi, handle_key
 from gpufleet.gpu.reader import NvmlReader
 from gpufleet.gpu.render import gpu_families

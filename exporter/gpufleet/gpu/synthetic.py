@@ -15,7 +15,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gpufleet.gpu.fake import FakeHandle, FakeNvml, bundled_fixture
+from gpufleet.gpu.fake import FakeNvml
+from gpufleet.gpu.fake_devices import FakeHandle
+from gpufleet.gpu.fixture import bundled_fixture
 
 _CHECKPOINT_PERIOD_S = 600.0
 _CHECKPOINT_LENGTH_S = 25.0
