@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from gpufleet.rules.config import RulesConfig
-from gpufleet.simulate.cluster import HW_POWER_BRAKE, HW_SLOWDOWN, HW_THERMAL, Cluster
+from gpufleet.simulate.cluster import Cluster
 from gpufleet.simulate.config import (
     ClusterSpec,
     Confounders,
@@ -24,6 +24,7 @@ from gpufleet.simulate.config import (
     scenario_names,
 )
 from gpufleet.simulate.faults import CAUSES, Kind
+from gpufleet.simulate.gpu_values import HW_POWER_BRAKE, HW_SLOWDOWN, HW_THERMAL
 from gpufleet.simulate.history import write_history
 from gpufleet.simulate.timeline import TimelineBuilder, build_timeline
 

@@ -14,9 +14,10 @@ from gpufleet.schema import gpu as cat
 from gpufleet.schema import training as ts
 from gpufleet.schema.family import MetricDef
 from gpufleet.simulate import layout as sim_layout
-from gpufleet.simulate.cluster import GPU_COUNTERS, Cluster, sm_clock_mhz
+from gpufleet.simulate.cluster import Cluster
 from gpufleet.simulate.config import ClusterSpec, Scenario
 from gpufleet.simulate.faults import CAUSES_BY_NAME, Effect, Kind
+from gpufleet.simulate.gpu_values import GPU_COUNTERS, sm_clock_mhz
 
 JOB_LABEL = "gpufleet-agent"
 NODE_TRAINING: tuple[tuple[MetricDef, str], ...] = (

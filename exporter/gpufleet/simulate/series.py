@@ -27,14 +27,14 @@ from gpufleet.schema import training as ts
 from gpufleet.schema.external import UP
 from gpufleet.schema.family import MetricDef
 from gpufleet.schema.gpu import GPU_LABELS
-from gpufleet.simulate.cluster import (
+from gpufleet.simulate.config import ClusterSpec
+from gpufleet.simulate.gpu_values import (
     GPU_COUNTERS,
     HW_POWER_BRAKE,
     HW_SLOWDOWN,
     HW_THERMAL,
     MAX_SM_CLOCK_MHZ,
 )
-from gpufleet.simulate.config import ClusterSpec
 from gpufleet.simulate.recorder import (
     GPU_GAUGES,
     GPU_METRICS,
