@@ -30,20 +30,14 @@ from types import MappingProxyType
 from typing import Literal
 
 from gpufleet.gpu.snapshot import GpuIdentity
+from gpufleet.schema.gpu import CONTAINER_LABEL, HPC_JOB_LABEL, NAMESPACE_LABEL, POD_LABEL
 
 GpuIdType = Literal["uid", "device-name"]
 GPU_ID_TYPES: tuple[GpuIdType, ...] = ("uid", "device-name")
 
-POD_LABEL = "pod"
-NAMESPACE_LABEL = "namespace"
-CONTAINER_LABEL = "container"
-HPC_JOB_LABEL = "hpc_job"
-TRAINING_JOB_LABEL = "training_job"
-
 # dcgm-exporter's appconfig: the device plugin's resource and its MIG strategy's prefix.
 NVIDIA_RESOURCE = "nvidia.com/gpu"
 NVIDIA_MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
-MIG_UUID_PREFIX = "MIG-"
 
 _GKE_MIG_ID = re.compile(r"^nvidia([0-9]+)/gi([0-9]+)(/vgpu[0-9]+)?$")
 _GKE_SHARED_SEPARATOR = "/vgpu"

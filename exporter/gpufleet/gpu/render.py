@@ -11,18 +11,14 @@ from gpufleet.exposition import (
     format_labels,
     render,
 )
-from gpufleet.gpu.attribution import (
-    HPC_JOB_LABEL,
-    NO_ATTRIBUTION,
-    Attribution,
-    merge_sorted,
-)
+from gpufleet.gpu.attribution import NO_ATTRIBUTION, Attribution, merge_sorted
 from gpufleet.gpu.sampler import GpuSampler
-from gpufleet.gpu.snapshot import MIG_INSTANCE_LABEL, MIG_PROFILE_LABEL, GpuSnapshot
+from gpufleet.gpu.snapshot import GpuSnapshot
 from gpufleet.gpu.xid import XidLedger, XidView
 from gpufleet.gpu.xid_catalogue import DCGM_MESSAGES, UNKNOWN_MESSAGE
 from gpufleet.schema import gpu as cat
 from gpufleet.schema.family import MetricDef
+from gpufleet.schema.gpu import HPC_JOB_LABEL, MIG_INSTANCE_LABEL, MIG_PROFILE_LABEL
 
 
 def _family(metric: MetricDef) -> Family:

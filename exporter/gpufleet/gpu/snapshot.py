@@ -5,15 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpufleet.exposition import format_labels
-from gpufleet.schema.gpu import GPU_LABELS, NODE_LABEL
-
-# dcgm-exporter's labels of a MIG instance's series. Its template
-# (internal/pkg/rendermetrics/render_metrics.go) writes them after modelName and
-# before the node label: gpu, UUID, pci_bus_id, device, modelName, GPU_I_PROFILE,
-# GPU_I_ID, Hostname. GPU_I_ID is NVML's GPU instance id (DCGM's NvmlInstanceId),
-# GPU_I_PROFILE the instance's profile name ("1g.10gb").
-MIG_PROFILE_LABEL = "GPU_I_PROFILE"
-MIG_INSTANCE_LABEL = "GPU_I_ID"
+from gpufleet.schema.gpu import GPU_LABELS, MIG_INSTANCE_LABEL, MIG_PROFILE_LABEL, NODE_LABEL
 
 
 @dataclass(frozen=True, slots=True)

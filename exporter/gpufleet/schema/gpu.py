@@ -21,14 +21,30 @@ DRIVER_LABEL = "DCGM_FI_DRIVER_VERSION"
 SERIES_LABELS = (*GPU_LABELS, DRIVER_LABEL)
 # A node's GPU counts carry only the node and the driver.
 HOST_LABELS = (NODE_LABEL, DRIVER_LABEL)
+# dcgm-exporter's labels of a MIG instance's series. Its template
+# (internal/pkg/rendermetrics/render_metrics.go) writes them after modelName and
+# before the node label: gpu, UUID, pci_bus_id, device, modelName, GPU_I_PROFILE,
+# GPU_I_ID, Hostname. GPU_I_ID is NVML's GPU instance id (DCGM's NvmlInstanceId),
+# GPU_I_PROFILE the instance's profile name ("1g.10gb").
+MIG_PROFILE_LABEL = "GPU_I_PROFILE"
+MIG_INSTANCE_LABEL = "GPU_I_ID"
+# On every per-GPU series while known (gpu/attribution.py), sorted in after the driver
+# label as dcgm-exporter writes them: the pod holding the GPU, the Slurm job mapped to it.
+CONTAINER_LABEL = "container"
+HPC_JOB_LABEL = "hpc_job"
+NAMESPACE_LABEL = "namespace"
+POD_LABEL = "pod"
+ATTRIBUTION_LABELS = (CONTAINER_LABEL, HPC_JOB_LABEL, NAMESPACE_LABEL, POD_LABEL)
+# What a per-GPU series may carry beyond SERIES_LABELS: a MIG instance's, its tenant's.
+_GPU_OPTIONAL_LABELS = (MIG_PROFILE_LABEL, MIG_INSTANCE_LABEL, *ATTRIBUTION_LABELS)
 
 
 def _g(name: str, help_text: str, *extra: str) -> MetricDef:
-    return MetricDef(name, "gauge", help_text, (*SERIES_LABELS, *extra))
+    return MetricDef(name, "gauge", help_text, (*SERIES_LABELS, *extra), _GPU_OPTIONAL_LABELS)
 
 
 def _c(name: str, help_text: str, *extra: str) -> MetricDef:
-    return MetricDef(name, "counter", help_text, (*SERIES_LABELS, *extra))
+    return MetricDef(name, "counter", help_text, (*SERIES_LABELS, *extra), _GPU_OPTIONAL_LABELS)
 
 
 SM_CLOCK = _g("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).")
@@ -299,11 +315,8 @@ XID_LAST_TIMESTAMP = _g(
     "gpufleet_gpu_last_xid_timestamp_seconds", "Unix time of the last XID error on this GPU."
 )
 
-# On every per-GPU series while known (gpu/attribution.py), sorted in after the driver
-# label as dcgm-exporter writes them: the pod holding the GPU, the Slurm job mapped to it.
-ATTRIBUTION_LABELS = ("container", "hpc_job", "namespace", "pod")
 # What a join series may add to the labels declared below.
-ALLOCATION_OPTIONAL_LABELS = ("GPU_I_PROFILE", "GPU_I_ID", "training_job")
+_ALLOCATION_OPTIONAL_LABELS = (MIG_PROFILE_LABEL, MIG_INSTANCE_LABEL, "training_job")
 
 # Join series (gpu/render.py's allocation_families): who holds a GPU, as few labels as
 # identify it, so a rule adds pod or job labels with `* on (Hostname, gpu, UUID)
@@ -316,14 +329,16 @@ ALLOCATION_INFO = MetricDef(
     "gauge",
     "The pod and container the kubelet allocated this GPU (or MIG instance) to; the value "
     "is always 1.",
-    (NODE_LABEL, "gpu", "UUID", "namespace", "pod", "container"),
+    (NODE_LABEL, "gpu", "UUID", NAMESPACE_LABEL, POD_LABEL, CONTAINER_LABEL),
+    _ALLOCATION_OPTIONAL_LABELS,
 )
 JOB_INFO = MetricDef(
     "gpufleet_gpu_job_info",
     "gauge",
     "A Slurm job this GPU (or MIG instance) is mapped to (--hpc-job-mapping-dir), one series "
     "per job; the value is always 1.",
-    (NODE_LABEL, "gpu", "UUID", "hpc_job"),
+    (NODE_LABEL, "gpu", "UUID", HPC_JOB_LABEL),
+    _ALLOCATION_OPTIONAL_LABELS,
 )
 
 # Every family the agent's GPU part exposes, for the schema's index.
