@@ -57,14 +57,8 @@ from typing import Any
 
 from gpufleet.detect import materialize
 from gpufleet.detect.evaluate import Firing, evaluate_all
-from gpufleet.detect.score import (
-    LEDGER_ALERTS,
-    STEP_ONLY_COMPUTE,
-    EpisodeScore,
-    PageScore,
-    Scores,
-    score,
-)
+from gpufleet.detect.figures import EpisodeScore, PageScore, Scores
+from gpufleet.detect.score import LEDGER_ALERTS, STEP_ONLY_COMPUTE, score
 from gpufleet.lab.devstack import PrometheusServer
 from gpufleet.lab.processes import backfill
 from gpufleet.promapi import PrometheusApi

@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from gpufleet.detect.evaluate import Firing, apply_for
-from gpufleet.detect.score import GROUP_INTERVAL_S, PAGE_GROUP_BY, EpisodeScore, score
+from gpufleet.detect.figures import EpisodeScore
+from gpufleet.detect.score import GROUP_INTERVAL_S, PAGE_GROUP_BY, score
 from gpufleet.simulate.config import parse_duration
 
 T0 = 1_800_000_000.0
