@@ -33,12 +33,11 @@ import numpy as np
 from gpufleet.simulate import layout as sim_layout
 from gpufleet.simulate.cluster import Cluster
 from gpufleet.simulate.config import Scenario
+from gpufleet.simulate.node_view import NodeView, job_view
 from gpufleet.simulate.recorder import HistoryRun, Recorder, wants_rank_series
 from gpufleet.simulate.series import (
     HistoryResult,
-    NodeView,
     SeriesWriter,
-    job_view,
     touched_gpus,
     write_allocations,
     write_gpu_errors,

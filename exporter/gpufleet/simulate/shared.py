@@ -29,11 +29,10 @@ import numpy as np
 
 from gpufleet.simulate.cluster import Cluster
 from gpufleet.simulate.config import Scenario, ScenarioError
+from gpufleet.simulate.node_view import NodeView, Segment
 from gpufleet.simulate.recorder import HistoryRun, Recorder, wants_rank_series
 from gpufleet.simulate.series import (
     HistoryResult,
-    NodeView,
-    Segment,
     SeriesWriter,
     touched_gpus,
     write_allocations,
