@@ -22,7 +22,8 @@ from gpufleet.simulate.config import (
 )
 from gpufleet.simulate.faults import Episode, Kind, dbe_burst
 from gpufleet.simulate.history import write_history
-from gpufleet.simulate.timeline import Timeline, build_timeline
+from gpufleet.simulate.timeline import build_timeline
+from gpufleet.simulate.timeline_types import Timeline
 
 START = 1_800_000_000.0
 NODE, GPU = 3, 1

@@ -20,7 +20,8 @@ from gpufleet.simulate.config import ClusterSpec, Scenario
 from gpufleet.simulate.fault_effects import FaultEffects
 from gpufleet.simulate.faults import Episode
 from gpufleet.simulate.gpu_values import GPU_COUNTERS, GpuValues, XidRecord
-from gpufleet.simulate.timeline import Timeline, build_timeline
+from gpufleet.simulate.timeline import build_timeline
+from gpufleet.simulate.timeline_types import Timeline
 from gpufleet.simulate.training_model import NodeTraining, TrainingModel
 
 AGENT_TTL_S = 900.0  # the agent forgets a job that stopped reporting (its default)

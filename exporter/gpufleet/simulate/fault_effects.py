@@ -25,7 +25,7 @@ from gpufleet.simulate.gpu_values import (
     VOLATILE_COUNTERS,
     XidRecord,
 )
-from gpufleet.simulate.timeline import Timeline
+from gpufleet.simulate.timeline_types import Timeline
 from gpufleet.simulate.training_model import NodeTraining
 
 

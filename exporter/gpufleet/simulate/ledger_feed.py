@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpufleet.fleet.ledger_client import LedgerClient, LedgerError
-from gpufleet.simulate.timeline import Timeline
+from gpufleet.simulate.timeline_types import Timeline
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,6 @@ the same failures on the same nodes at the same times.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -27,58 +25,10 @@ from gpufleet.simulate.faults import (
     forced_dbe_variant,
     slow_episode_expectations,
 )
+from gpufleet.simulate.schedule import JobSchedule
+from gpufleet.simulate.timeline_types import Exclusion, Timeline, Window
 
 DAY = 86400.0
-_STARTUP_S = 180.0  # from an attempt's launch to its first step
-
-
-@dataclass(slots=True)
-class Window:
-    start: float
-    end: float
-    reason: str
-
-    def overlap(self, start: float, end: float) -> float:
-        return max(0.0, min(self.end, end) - max(self.start, start))
-
-
-@dataclass(slots=True)
-class Attempt:
-    """One attempt of the training job: from (re)start to the interruption that ended it."""
-
-    number: int
-    trigger: str  # "initial", "auto" or "manual"
-    start: float
-    first_step: float
-    end: float | None = None
-    outcome: str = "running"  # success, failed, cancelled, running
-    cause: str | None = None
-
-
-@dataclass(slots=True)
-class Exclusion:
-    node: int
-    start: float
-    end: float
-    reason: str
-    source: str  # "auto" (the job's retry logic) or "manual" (an operator)
-    episode: int
-
-
-@dataclass(slots=True)
-class Timeline:
-    start: float
-    end: float
-    episodes: list[Episode] = field(default_factory=list)
-    stalls: list[Window] = field(default_factory=list)  # the job makes no progress
-    exclusions: list[Exclusion] = field(default_factory=list)
-    attempts: list[Attempt] = field(default_factory=list)
-    checkpoints: list[Window] = field(default_factory=list)
-    evals: list[Window] = field(default_factory=list)
-    node_multiplier: np.ndarray = field(default_factory=lambda: np.ones(0))
-
-    def faults(self) -> Iterator[Episode]:
-        return (episode for episode in self.episodes if episode.is_fault)
 
 
 def _pick(rng: np.random.Generator, weighted: tuple[tuple[int, float], ...]) -> int | None:
@@ -97,7 +47,7 @@ def _poisson_times(rng: np.random.Generator, rate: float, start: float, end: flo
     return sorted(float(t) for t in rng.uniform(start, end, count))
 
 
-class TimelineBuilder:
+class TimelineBuilder(JobSchedule):
     def __init__(self, scenario: Scenario, seed: int, start: float, end: float) -> None:
         self.scenario = scenario
         self.spec = scenario.cluster
@@ -481,36 +431,6 @@ class TimelineBuilder:
                         magnitude=magnitude, details={"dp_rank": replica})
             )  # fmt: skip
 
-    def _schedule_checkpoints_and_evals(self) -> None:
-        spec = self.spec
-        timeline = self.timeline
-        conf = self.confounders
-        for enabled, interval, first, windows, reason, asked in (
-            (conf.checkpoints, spec.checkpoint_interval_s, 0.5, timeline.checkpoints, "checkpoint",
-             self._checkpoints_asked),
-            (conf.evals, spec.eval_interval_s, 0.75, timeline.evals, "eval", []),
-        ):  # fmt: skip
-            times = [when for when in asked if timeline.start <= when < timeline.end]
-            if enabled and interval > 0:
-                when = timeline.start + interval * first
-                while when < timeline.end:
-                    times.append(when)
-                    when += interval
-            for when in sorted(times):
-                # windows are appended in time order: only the last can still be open
-                if not self.stalled(when) and not (windows and windows[-1].end > when):
-                    if reason == "checkpoint":
-                        duration, queue, service = self.checkpoint_cost(when)
-                        windows.append(Window(when, when + duration, f"{queue}:{service}"))
-                        self._add(
-                            Episode(Kind.CHECKPOINT, when, when + duration, magnitude=queue,
-                                    details={"queue_wait_s": queue, "service_s": service,
-                                             "writers": self.writers(when)})
-                        )  # fmt: skip
-                    else:
-                        windows.append(Window(when, when + spec.eval_duration_s, reason))
-                        self._add(Episode(Kind.EVAL, when, when + spec.eval_duration_s))
-
     def slowdown_of(self, kind: Kind, magnitude: float) -> float:
         """How much slower the episode makes what it slows: the node's compute for a
         compute episode, the whole job's step for a communication one."""
@@ -520,51 +440,6 @@ class TimelineBuilder:
         comm_share = 1.0 - spec.compute_share - spec.data_share
         # overlapped collectives make the healthy step shorter, the added time the same
         return 1.0 + (magnitude - 1.0) * comm_share / (1.0 - spec.comm_overlap * comm_share)
-
-    def writers(self, when: float) -> int:
-        return sum(1 for node in range(self.nodes) if not self.excluded(node, when))
-
-    def checkpoint_cost(self, when: float) -> tuple[float, float, float]:
-        """Checkpoint duration, queue wait and service time of one node's write.
-
-        Shared storage serves a fixed number of requests at once; each writer keeps
-        `requests_per_writer` in flight. Below saturation nothing queues; above it,
-        a writer's requests wait for slots and its write stretches with the number
-        of writers, so with tens of writers most of the time is queue wait.
-        """
-        spec = self.spec
-        writers = max(1, self.writers(when))
-        unloaded = spec.checkpoint_bytes_per_node / (
-            spec.requests_per_writer * spec.storage_slot_bytes_per_s
-        )
-        demand = writers * spec.requests_per_writer
-        if demand <= spec.storage_slots:
-            return unloaded, 0.0, unloaded
-        duration = (
-            spec.checkpoint_bytes_per_node
-            * writers
-            / (spec.storage_slots * spec.storage_slot_bytes_per_s)
-        )
-        return duration, duration - unloaded, unloaded
-
-    def _attempts(self) -> None:
-        """Job attempts and their outcomes, from the stall windows."""
-        timeline = self.timeline
-        stalls = sorted(timeline.stalls, key=lambda w: w.start)
-        attempts = [Attempt(1, "initial", timeline.start, timeline.start)]
-        for stall in stalls:
-            current = attempts[-1]
-            if stall.start < current.start:
-                continue
-            current.end = stall.start
-            current.outcome = "failed"
-            current.cause = stall.reason.split(": ", 1)[-1]
-            trigger = "manual" if stall.reason.startswith("retry failed") else "auto"
-            if stall.end < timeline.end:
-                # the new attempt starts, loads and restores, then takes its first step
-                begins = max(stall.start, stall.end - _STARTUP_S)
-                attempts.append(Attempt(len(attempts) + 1, trigger, begins, stall.end))
-        timeline.attempts = attempts
 
 
 def build_timeline(scenario: Scenario, seed: int, start: float, end: float) -> Timeline:

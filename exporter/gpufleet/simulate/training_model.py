@@ -13,7 +13,7 @@ import numpy as np
 
 from gpufleet.simulate.config import ClusterSpec, Layout, Scenario
 from gpufleet.simulate.faults import Episode, Kind
-from gpufleet.simulate.timeline import Timeline, Window
+from gpufleet.simulate.timeline_types import Timeline, Window
 
 
 @dataclass(slots=True)
