@@ -9,7 +9,7 @@ from gpufleet.dashboards.build import dashboards
 from gpufleet.dashboards.common import render
 
 
-def write_all(out: Path) -> list[Path]:
+def write_dashboards(out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for stem, board in dashboards().items():
@@ -22,7 +22,7 @@ def write_all(out: Path) -> list[Path]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default="dashboards", help="directory for the JSON files")
-    for path in write_all(Path(parser.parse_args().out)):
+    for path in write_dashboards(Path(parser.parse_args().out)):
         print(f"wrote {path}")
     return 0
 

@@ -9,6 +9,7 @@ from gpufleet.dashboards import common
 from gpufleet.dashboards.names import Recorded
 from gpufleet.rules.config import RulesConfig
 from gpufleet.schema import training as ts
+from gpufleet.schema.alerts import AlertName
 
 UID = "gpufleet-checkpoint"
 
@@ -45,7 +46,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
         8,
         "Queue-wait share",
         f"Share of checkpoint time spent queued over {config.checkpoint_window}. "
-        f"GpuFleetCheckpointQueueBound pages above {config.checkpoint_queue_share:g} with at "
+        f"{AlertName.CHECKPOINT_QUEUE_BOUND} pages above {config.checkpoint_queue_share:g} with at "
         f"least {config.checkpoint_min_writers} writers.",
         "percentunit",
         common.targets((f"{r.checkpoint.queue_share}{{{job}}}", "{{training_job}}")),

@@ -84,7 +84,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
         "Node vs its own baseline",
         f"Each node's compute per step against its own {config.baseline_window} ending "
         f"{config.baseline_offset} ago, relative to the job's median trend (a cluster-wide "
-        f"slowdown cancels out). GpuFleetNodeSlowerThanBaseline pages above {config.baseline_ratio:g}.",
+        f"slowdown cancels out). {AlertName.SLOWER_THAN_BASELINE} pages above {config.baseline_ratio:g}.",
         "short",
         common.targets(
             (f"{r.training.baseline_ratio}{{{job_stage}}}", "{{node}} (stage {{pp_stage}})")
@@ -97,7 +97,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
         "Job step time vs its baseline",
         "The job's mean step time over 2 minutes, its steady step time (less its data-loader "
         f"stalls, the {config.job_slowdown_quantile:g} quantile over {config.job_slowdown_window}) "
-        f"and the same over its baseline. GpuFleetJobSlowdown pages when steady / baseline > {config.job_slowdown_ratio:g}.",
+        f"and the same over its baseline. {AlertName.JOB_SLOWDOWN} pages when steady / baseline > {config.job_slowdown_ratio:g}.",
         "s",
         common.targets(
             (f"{r.training.job_step}{{{common.sel(common.JOB)}}}", "step time (2m)"),
@@ -174,7 +174,7 @@ def coverage_panels(grid: common.Grid, config: RulesConfig, r: Recorded) -> None
             "Straggler detection coverage (all jobs)",
             "Pipeline stages of running jobs (all jobs, not only the one picked) that a peer "
             "comparison covers, and those it does not: in an uncovered stage a slow node "
-            "pages nothing (GpuFleetStragglerDetectionInactive, info). The table beside it "
+            f"pages nothing ({AlertName.STRAGGLER_DETECTION_INACTIVE}, info). The table beside it "
             "names them and says what to do.",
             "none",
             common.targets(
@@ -214,7 +214,7 @@ def coverage_panels(grid: common.Grid, config: RulesConfig, r: Recorded) -> None
             "Every pipeline stage of every running job, uncovered first. A stage is covered "
             f"when {config.straggler_min_peers}+ of its nodes, or else "
             f"{config.straggler_min_rank_peers}+ of its reporting ranks, report a compute "
-            "time to compare (GpuFleetStragglerNode). An uncovered stage gets no straggler "
+            f"time to compare ({AlertName.STRAGGLER}). An uncovered stage gets no straggler "
             "page; job slowdown and the node's own baseline still apply, but a node slow from "
             "the job's start is caught by neither. The last column says why, and what the "
             "job's owner can change.",

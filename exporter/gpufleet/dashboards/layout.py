@@ -14,6 +14,7 @@ from gpufleet.rules.config import RulesConfig
 from gpufleet.rules.layout import LayoutSeries
 from gpufleet.schema import external
 from gpufleet.schema import gpu as cat
+from gpufleet.schema.alerts import AlertName
 from gpufleet.schema.training import PARALLEL_GROUP_SIZE
 
 # DCGM's NVLink bandwidth unit is KiB/s / 1000 (field 449, as the agent computes it).
@@ -53,7 +54,7 @@ def layout_panels(grid: common.Grid, config: RulesConfig) -> None:
         "The most nodes (NVLink domains, where NVML's fabric or the site names them) any "
         "tensor-parallel group of the job spans. 1: every tp group stays on NVLink. 2 or "
         "more: its collectives cross the network every layer of every step, and "
-        "GpuFleetTensorParallelAcrossNodes pages (the check's verdict). No value: the job's "
+        f"{AlertName.TENSOR_PARALLEL_ACROSS_NODES} pages (the check's verdict). No value: the job's "
         "ranks report no tp group.",
         "none",
         common.targets((f"max({series.domains}{{{tp}}})", "")),
@@ -83,7 +84,7 @@ def layout_panels(grid: common.Grid, config: RulesConfig) -> None:
     stages = common.table_panel(
         "Pipeline stages",
         "Each pipeline stage (a rank's index in its pp group): its ranks and the nodes they "
-        "are on. Stages of unequal size give GpuFleetPipelineStagesUneven (info).",
+        f"are on. Stages of unequal size give {AlertName.PIPELINE_STAGES_UNEVEN} (info).",
         "none",
         [
             common.target(

@@ -20,6 +20,7 @@ from gpufleet.rules.health import HEALTH_SIGNAL, health_recording
 from gpufleet.schema import gpu as cat
 from gpufleet.schema import ledger
 from gpufleet.schema import training as ts
+from gpufleet.schema.alerts import AlertName
 
 UID = "gpufleet-node"
 NODE = 'node="$node"'
@@ -101,7 +102,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
         "Throttling by reason",
         "1 while a reason holds the GPU's clocks down (gpufleet's per-reason flags; on "
         "dcgm-exporter only the hardware reasons, decoded from its bitmask). A hardware "
-        f"slowdown held {config.hw_slowdown_for} pages (GpuFleetHwSlowdown).",
+        f"slowdown held {config.hw_slowdown_for} pages ({AlertName.HW_SLOWDOWN}).",
         "short",
         common.targets(
             (
@@ -114,7 +115,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
     gpu_panel(
         "ECC errors",
         "Single- and double-bit volatile ECC errors per interval. Any "
-        "double-bit error pages (GpuFleetEccUncorrectable).",
+        f"double-bit error pages ({AlertName.ECC_UNCORRECTABLE}).",
         "short",
         (cat.ECC_SBE_VOL.name, GPU_LEGEND + " single-bit"),
         (cat.ECC_DBE_VOL.name, GPU_LEGEND + " double-bit"),
@@ -124,7 +125,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
         "Row remapping",
         "Rows remapped for correctable and uncorrectable errors, and the pending / "
         f"failed flags. {config.remaps_climbing_min} correctable remaps in "
-        f"{config.remaps_climbing_window} page (GpuFleetCorrectableRemapsClimbing).",
+        f"{config.remaps_climbing_window} page ({AlertName.REMAPS_CLIMBING}).",
         "short",
         (cat.CORRECTABLE_REMAPPED_ROWS.name, GPU_LEGEND + " correctable"),
         (cat.UNCORRECTABLE_REMAPPED_ROWS.name, GPU_LEGEND + " uncorrectable"),
@@ -166,7 +167,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
     gpu_panel(
         "PCIe replays",
         f"PCIe packet replays per interval; {config.pcie_replays_min} in "
-        f"{config.pcie_window} page (GpuFleetPcieReplays).",
+        f"{config.pcie_window} page ({AlertName.PCIE_REPLAYS}).",
         "short",
         (cat.PCIE_REPLAY.name, GPU_LEGEND),
         wrap=increase,
@@ -187,7 +188,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
     )
     gpu_panel(
         f"GPU answering ({cat.GPU_UP.name})",
-        "1 while NVML answers for the GPU; 0 is a lost GPU (GpuFleetGpuLost).",
+        f"1 while NVML answers for the GPU; 0 is a lost GPU ({AlertName.GPU_LOST}).",
         "short",
         (cat.GPU_UP.name, GPU_LEGEND),
     )
@@ -197,7 +198,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
         "Health score and its signals",
         "The node's health score: each weak warning sign adds "
         f"{config.health_signal_weight:g}; at {config.health_threshold:g} for "
-        f"{config.health_for} it pages (GpuFleetNodeHealthDegraded). The legend names the signals.",
+        f"{config.health_for} it pages ({AlertName.NODE_HEALTH}). The legend names the signals.",
         "short",
         common.targets(
             (f"{r.health}{{{common.sel(NODE)}}}", "{{node}} score"),

@@ -13,6 +13,7 @@ from gpufleet.dashboards.names import Recorded
 from gpufleet.rules.config import RulesConfig
 from gpufleet.schema import gpu as cat
 from gpufleet.schema import ledger
+from gpufleet.schema.alerts import AlertName
 
 UID = "gpufleet-overview"
 
@@ -34,7 +35,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
          f"count(({up_nodes} == 1) unless on (node) ({degraded}) unless on (node) ({excluded})) or vector(0)",
          common.thresholds((None, "green"))),
         ("Degraded nodes", f"Nodes whose health score is at or above {config.health_threshold:g} "
-         "(GpuFleetNodeHealthDegraded's threshold): several weak signs at once.",
+         f"({AlertName.NODE_HEALTH}'s threshold): several weak signs at once.",
          f"count({degraded}) or vector(0)", common.thresholds((None, "green"), (1, "orange"))),
         ("Down nodes", "Nodes whose gpufleet agent does not answer its scrape.",
          f"count({up_nodes} == 0) or vector(0)", common.thresholds((None, "green"), (1, "red"))),
@@ -136,7 +137,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
         common.table_panel(
             "Straggler candidates",
             "Nodes computing slowest against the median of their pipeline stage now, with "
-            f"their robust z-score. GpuFleetStragglerNode pages above {config.straggler_ratio:g}x "
+            f"their robust z-score. {AlertName.STRAGGLER} pages above {config.straggler_ratio:g}x "
             f"and z {config.straggler_zscore:g} for {config.straggler_for}.",
             "short",
             [

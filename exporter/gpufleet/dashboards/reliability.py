@@ -12,6 +12,7 @@ from gpufleet.dashboards import common
 from gpufleet.dashboards.names import Recorded
 from gpufleet.rules.config import RulesConfig
 from gpufleet.schema import ledger
+from gpufleet.schema.alerts import AlertName
 
 UID = "gpufleet-reliability"
 
@@ -27,7 +28,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
         5,
         "Top-3 nodes' share of exclusions (30 d)",
         "Share of the fleet's exclusions over 30 days caused by its three most excluded "
-        f"nodes. GpuFleetExclusionConcentration reports above {config.concentration_share:g}.",
+        f"nodes. {AlertName.EXCLUSION_CONCENTRATION} reports above {config.concentration_share:g}.",
         "percentunit",
         [common.target(f"{r.reliability.top_share}{{{c}}}", "top-3 share")],
         steps=common.limit(config.concentration_share),
@@ -76,7 +77,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
         "Exclusion leaderboard (30 d)",
         "Nodes by exclusions over 30 days, most first: failures concentrate on a few "
         f"nodes. {config.repeat_offender_exclusions} in {config.repeat_offender_window} "
-        "page (GpuFleetRepeatOffenderNode). Click a node for its dashboard.",
+        f"page ({AlertName.REPEAT_OFFENDER_NODE}). Click a node for its dashboard.",
         "short",
         [common.target(f"topk(15, {r.reliability.node_exclusions}{{{c}}} > 0)", instant=True)],
         columns=("exclusions (30 d)",),
@@ -123,7 +124,7 @@ def build(config: RulesConfig) -> dm.Dashboard:
          "training_job, trigger, outcome, source", ledger.ATTEMPTS.name, by_source, "attempts"),
         ("Retry chains",
          "Chains of automatic retries per job by how they ended, and the failed attempts "
-         f"of the current chain ({config.retry_chain_failed_attempts} page: GpuFleetRetryChainFailing).",
+         f"of the current chain ({config.retry_chain_failed_attempts} page: {AlertName.RETRY_CHAIN_FAILING}).",
          "training_job, outcome", ledger.CHAINS.name, fleet, "chains"),
     )  # fmt: skip
     for title, description, by, counter, selector, column in ledger_tables:

@@ -186,7 +186,7 @@ def job_slowdown_alert(config: RulesConfig, series: TrainingSeries) -> Alert:
         "A training job runs slower than its recent baseline (job-wide, not one node).",
         'Job {{ $labels.training_job }} takes {{ $value | printf "%.2f" }}x its recent '
         "step time across all nodes: a cluster-wide cause (network, storage, cooling, a "
-        "communication fail-slow), not one slow node (that pages as GpuFleetStragglerNode).",
+        f"communication fail-slow), not one slow node (that pages as {AlertName.STRAGGLER}).",
         config.job_slowdown_for,
     )
 
