@@ -46,7 +46,7 @@ from gpufleet.lab.processes import (
     prometheus_bin_dir,
     wait_until,
 )
-from gpufleet.rules.__main__ import write_all
+from gpufleet.rules.__main__ import write_rules
 from gpufleet.rules.config import RulesConfig
 
 ServerT = TypeVar("ServerT", bound="Server")
@@ -225,7 +225,7 @@ def rule_files(tmp_path: Path) -> Callable[[RulesConfig], list[str]]:
     """Writes gpufleet's rules with a config under ``tmp_path/rules``; their paths."""
 
     def write(config: RulesConfig) -> list[str]:
-        return [str(path) for path in write_all(tmp_path / "rules", config)]
+        return [str(path) for path in write_rules(tmp_path / "rules", config)]
 
     return write
 

@@ -16,7 +16,7 @@ from grafana_foundation_sdk.cog import plugins
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard as dm
 
-from gpufleet.dashboards.__main__ import write_all
+from gpufleet.dashboards.__main__ import write_dashboards
 from gpufleet.lab.processes import find_binary
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -158,7 +158,7 @@ def committed() -> dict[str, dict[str, Any]]:
 
 
 def test_committed_dashboards_are_what_the_code_generates(tmp_path: Path) -> None:
-    written = write_all(tmp_path)
+    written = write_dashboards(tmp_path)
     assert {path.name for path in written} == {path.name for path in DASHBOARD_FILES}
     for path in written:
         assert (ROOT / "dashboards" / path.name).read_text() == path.read_text(), (

@@ -17,7 +17,7 @@ import pytest
 from gpufleet.lab.devstack import PrometheusServer
 from gpufleet.lab.processes import backfill
 from gpufleet.lab.stack import STEP_S, FedPrometheus, fed_prometheus
-from gpufleet.rules.__main__ import write_all as write_rules
+from gpufleet.rules.__main__ import write_rules
 from gpufleet.rules.config import RulesConfig
 from gpufleet.rules.inline import Inliner
 from gpufleet.simulate.config import load_scenario

@@ -27,7 +27,7 @@ from gpufleet.lab.stack import (
     fed_prometheus,
     has_data,
 )
-from gpufleet.rules.__main__ import write_all as write_rules
+from gpufleet.rules.__main__ import write_rules
 from gpufleet.rules.config import RulesConfig
 from gpufleet.rules.inline import Inliner
 from gpufleet.simulate.config import load_scenario

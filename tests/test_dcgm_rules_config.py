@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from gpufleet.cli import main as gpufleet_main
-from gpufleet.rules.__main__ import write_all
+from gpufleet.rules.__main__ import write_rules
 from gpufleet.rules.config import ConfigError, RulesConfig, config_from_mapping, load_site_config
 
 
@@ -89,7 +89,7 @@ def test_gpufleet_mixin_writes_the_same_rules(tmp_path: Path) -> None:
     site = tmp_path / "site.yaml"
     site.write_text("node_labels: [hostname]\nagent_presence: off\n")
     assert gpufleet_main(["mixin", "--config", str(site), "--out", str(tmp_path / "a")]) == 0
-    write_all(tmp_path / "b", load_site_config(site))
+    write_rules(tmp_path / "b", load_site_config(site))
     assert rule_text(tmp_path / "a") == rule_text(tmp_path / "b")
     assert "GpuFleetAgentTargetsMissing" not in rule_text(tmp_path / "a")
 
@@ -143,7 +143,7 @@ def test_a_site_file_that_is_not_a_mapping_is_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize("mode", ["seen", "required", "off"])
 def test_presence_modes(tmp_path: Path, mode: str) -> None:
     config = config_from_mapping({"ledger_presence": mode, "agent_presence": mode})
-    text = rule_text(Path(*write_all(tmp_path, config)[:1]).parent)
+    text = rule_text(Path(*write_rules(tmp_path, config)[:1]).parent)
     if mode == "off":
         assert "GpuFleetLedgerTargetMissing" not in text
         assert "GpuFleetAgentTargetsMissing" not in text
@@ -186,7 +186,7 @@ def test_a_site_job_name_is_the_selector_of_every_gpu_series_in_every_rule_file(
         for matcher in matchers:
             assert matcher.startswith('job="gpu-telemetry"'), (name, matcher)
     # The same check on the defaults finds the default job, so it can tell them apart.
-    defaults = gpu_selections(Path(*write_all(tmp_path / "defaults")[:1]).parent)
+    defaults = gpu_selections(Path(*write_rules(tmp_path / "defaults")[:1]).parent)
     assert all(m.startswith("job=~") for ms in defaults.values() for m in ms)
 
 
@@ -224,7 +224,7 @@ def test_other_windows_rename_each_recorded_series_where_it_is_recorded_and_read
             "gpus_expected_memory": "2d",
         }
     )
-    paths = write_all(tmp_path, config)
+    paths = write_rules(tmp_path, config)
     documents = [yaml.safe_load(path.read_text()) for path in paths]
     rules = [rule for doc in documents for group in doc["groups"] for rule in group["rules"]]
     recorded = {rule["record"] for rule in rules if "record" in rule}
@@ -286,12 +286,12 @@ def test_a_config_made_in_code_is_validated_too() -> None:
 def test_a_severity_for_an_alert_that_does_not_exist_is_refused(tmp_path: Path) -> None:
     site = assert_mixin_refuses(tmp_path, "severities:\n  GpuFleetPcieReplay: info\n")
     with pytest.raises(ConfigError, match="did you mean 'GpuFleetPcieReplays'"):
-        write_all(tmp_path / "out", load_site_config(site))
+        write_rules(tmp_path / "out", load_site_config(site))
     # An alert the site turned off may still be given a severity (it is a real alert).
     config = config_from_mapping(
         {"ledger_presence": "off", "severities": {"GpuFleetLedgerTargetMissing": "info"}}
     )
-    assert write_all(tmp_path / "off", config)
+    assert write_rules(tmp_path / "off", config)
 
 
 @pytest.mark.parametrize(
@@ -309,7 +309,7 @@ def test_the_short_windows_follow_the_scrape_interval(
 
 
 def test_at_60_s_the_two_step_windows_are_one_recorded_series(tmp_path: Path) -> None:
-    paths = write_all(tmp_path, config_from_mapping({"scrape_interval_seconds": 60}))
+    paths = write_rules(tmp_path, config_from_mapping({"scrape_interval_seconds": 60}))
     training = (tmp_path / "training.rules.yaml").read_text()
     records = re.findall(r"record: (\S+)", training)
     assert len(records) == len(set(records))

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from gpufleet.lab.processes import find_binary
-from gpufleet.rules.__main__ import write_all
+from gpufleet.rules.__main__ import write_rules
 from gpufleet.rules.build import SHARD_LOCAL_FILES
 from gpufleet.schema.alerts import AlertName
 
@@ -70,7 +70,7 @@ def test_promtool_unit_tests(test_file: Path, prometheus_major: str) -> None:
 
 
 def test_committed_rule_files_are_what_the_code_generates(tmp_path: Path) -> None:
-    for path in write_all(tmp_path):
+    for path in write_rules(tmp_path):
         committed = ALERTS_DIR / path.name
         assert committed.exists(), f"{path.name} is generated but not committed"
         assert committed.read_text() == path.read_text(), (

@@ -40,7 +40,7 @@ import yaml
 from deploy_tools import REPO, helm
 from gpufleet.lab.processes import free_port, http_get, http_json, wait_until
 from gpufleet.lab.realjob import compressed_rules
-from gpufleet.rules.__main__ import write_all
+from gpufleet.rules.__main__ import write_rules
 from gpufleet.simulate.config import load_scenario
 from gpufleet.simulate.story import PAGES
 
@@ -191,7 +191,7 @@ class Stack:
             "episodes": scenario.episodes,
         }
         (self.workdir / "scenario.yaml").write_text(yaml.safe_dump(data))
-        write_all(self.workdir / "alerts", compressed_rules(FACTOR))
+        write_rules(self.workdir / "alerts", compressed_rules(FACTOR))
         config = (REPO / "deploy/prometheus/prometheus.yml").read_text()
         faster = config.replace("scrape_interval: 5s", "scrape_interval: 2s").replace(
             "evaluation_interval: 5s", "evaluation_interval: 1s"

@@ -77,7 +77,7 @@ class DeployTree:
         return self.root / "alerts"
 
     def prepare(self) -> DeployTree:
-        from gpufleet.rules.__main__ import write_all
+        from gpufleet.rules.__main__ import write_rules
 
         for relative in CONFIGS:
             target = self.root / relative
@@ -96,7 +96,7 @@ class DeployTree:
             self.rules_dir.unlink()  # a work directory laid out by an older gpufleet
         for stale in self.rules_dir.glob("*.rules.yaml"):
             stale.unlink()
-        write_all(self.rules_dir)
+        write_rules(self.rules_dir)
         for job in TARGET_JOBS:
             self.targets_dir(job).mkdir(parents=True, exist_ok=True)
         return self

@@ -40,7 +40,7 @@ from typing import Any
 from gpufleet.lab.devstack import PrometheusServer, static_scrape_config
 from gpufleet.lab.processes import ManagedProcess, free_port, wait_until
 from gpufleet.lab.workload import Framework, Workload
-from gpufleet.rules.__main__ import write_all
+from gpufleet.rules.__main__ import write_rules
 from gpufleet.rules.config import RulesConfig
 from gpufleet.rules.training import TrainingSeries
 from gpufleet.simulate.config import ScenarioError, parse_duration
@@ -343,7 +343,7 @@ def run_job(
     workdir.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(workdir / "prometheus", ignore_errors=True)  # an earlier job's samples
     rules = spec.rules
-    rule_paths = [str(path) for path in write_all(workdir / "rules", rules)]
+    rule_paths = [str(path) for path in write_rules(workdir / "rules", rules)]
     agents: list[NodeAgent] = []
     prometheus: PrometheusServer | None = None
     launchers: list[ManagedProcess] = []

@@ -24,7 +24,7 @@ from typing import Any
 from gpufleet.fleet.ledger_client import LedgerClient
 from gpufleet.lab.devstack import PrometheusServer, static_scrape_config
 from gpufleet.lab.processes import ManagedProcess, backfill, free_port, http_get, wait_until
-from gpufleet.rules.__main__ import write_all
+from gpufleet.rules.__main__ import write_rules
 from gpufleet.rules.config import RulesConfig
 from gpufleet.rules.inline import Inliner
 from gpufleet.simulate.cluster import Cluster
@@ -179,7 +179,7 @@ def fed_prometheus(
         live_rules = live_rules or RulesConfig(
             gpu_recording_interval="2s", slow_recording_interval="2s"
         )
-        rules = write_all(workdir / "rules", live_rules)
+        rules = write_rules(workdir / "rules", live_rules)
         prometheus = PrometheusServer(
             workdir / "prometheus",
             scrape_configs=[

@@ -36,7 +36,7 @@ def render(document: dict[str, Any]) -> str:
     )
 
 
-def write_all(out: Path, config: RulesConfig | None = None) -> list[Path]:
+def write_rules(out: Path, config: RulesConfig | None = None) -> list[Path]:
     config = config or RulesConfig()
     files = rule_files(config)  # before anything is written: it may refuse the config
     out.mkdir(parents=True, exist_ok=True)
@@ -51,7 +51,7 @@ def write_all(out: Path, config: RulesConfig | None = None) -> list[Path]:
 def generate(out: str, config_path: str | None) -> list[Path]:
     """Write the rule files into ``out``, with a site YAML's knobs over the defaults."""
     config = load_site_config(config_path) if config_path else RulesConfig()
-    return write_all(Path(out), config)
+    return write_rules(Path(out), config)
 
 
 def main(argv: list[str] | None = None) -> int:
