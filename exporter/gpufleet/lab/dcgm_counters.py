@@ -25,7 +25,7 @@ from gpufleet.schema.family import MetricDef
 HEADER = """\
 # gpufleet's recommended counters file for dcgm-exporter (its CSV format:
 # FIELD, type, help). It is dcgm-exporter's stock set plus the opt-in fields that
-# gpufleet's alerts read (see the README, "On a dcgm-exporter fleet"). Install it as
+# gpufleet's alerts read (see docs/alerts.md, "On a dcgm-exporter fleet"). Install it as
 # the counters ConfigMap of the dcgm-exporter chart or the GPU Operator.
 #
 # dcgm-exporter before 4.0 (DCGM 3.x): replace DCGM_FI_DEV_CLOCKS_EVENT_REASONS with
