@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 import time
 
+from gpufleet.schema.alerts import AlertName
+
 # The demo scenario's story (scenarios/demo.yaml), in minutes after the simulator starts;
 # docs/quickstart.md's demo timeline tells the same. tests/test_demo_story.py (five times faster,
 # against a real Prometheus) and tests/containers/ (the compose stack) check that these
@@ -14,18 +16,21 @@ import time
 STORY = (
     ("0:20", "GPU 5 of node-012 turns 25% slow; the whole lock-step job waits for it"),
     ("1:20", "all 64 nodes checkpoint at once: 30 s of each 32 s write is queued for storage"),
-    ("~4:00", "page: GpuFleetStragglerNode for node-012 (warning)"),
-    ("~7:00", "page: GpuFleetCheckpointQueueBound for job sim-llm (warning)"),
+    ("~4:00", f"page: {AlertName.STRAGGLER} for node-012 (warning)"),
+    ("~7:00", f"page: {AlertName.CHECKPOINT_QUEUE_BOUND} for job sim-llm (warning)"),
     ("8:00", "GPU 3 of node-040 falls off the bus (XID 79): the job stops"),
-    ("~8:05-9:10", "pages: GpuFleetCriticalXid and GpuFleetGpuLost for node-040 (critical)"),
+    (
+        "~8:05-9:10",
+        f"pages: {AlertName.CRITICAL_XID} and {AlertName.GPU_LOST} for node-040 (critical)",
+    ),
     ("9:15", "the automatic retry trains again without node-040 (exclusion and attempt in the"),
-    ("", "fleet ledger); GpuFleetJobHung does not page: the job was down 75 s, not 2 min"),
+    ("", f"fleet ledger); {AlertName.JOB_HUNG} does not page: the job was down 75 s, not 2 min"),
 )
 # The pages, in firing order: (alert names, node or job, (earliest, latest) minute).
 PAGES = (
-    (("GpuFleetStragglerNode",), "node-012", (3, 5)),
-    (("GpuFleetCheckpointQueueBound",), "sim-llm", (6, 8)),
-    (("GpuFleetCriticalXid", "GpuFleetGpuLost"), "node-040", (8, 10)),
+    ((AlertName.STRAGGLER,), "node-012", (3, 5)),
+    ((AlertName.CHECKPOINT_QUEUE_BOUND,), "sim-llm", (6, 8)),
+    ((AlertName.CRITICAL_XID, AlertName.GPU_LOST), "node-040", (8, 10)),
 )
 _MINUTE = re.compile(r"(\d+):(\d\d)")
 
