@@ -27,6 +27,7 @@ from gpufleet.lab.processes import ManagedProcess, backfill, free_port, http_get
 from gpufleet.rules.__main__ import write_rules
 from gpufleet.rules.config import RulesConfig
 from gpufleet.rules.inline import Inliner
+from gpufleet.schema.alerts import AlertName
 from gpufleet.simulate.cluster import Cluster
 from gpufleet.simulate.config import load_scenario
 from gpufleet.simulate.history import write_history
@@ -132,7 +133,7 @@ def fed_prometheus(
     hours: float = HOURS,
     live_rules: RulesConfig | None = None,
     evaluation_interval: str = "2s",
-    pending: tuple[str, ...] = ("GpuFleetStragglerNode",),
+    pending: tuple[str, ...] = (AlertName.STRAGGLER,),
 ) -> Iterator[FedPrometheus]:
     """Simulate the scenario, backfill its history, feed its ledger, start Prometheus.
 
