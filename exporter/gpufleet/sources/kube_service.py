@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from gpufleet.fleet.ledger_client import LedgerClient
 from gpufleet.schema import kube as schema
-from gpufleet.schema.family import MetricDef
 from gpufleet.sources.kube import NodeWatcher, drain
 from gpufleet.sources.kube_signals import NodeRules
 from gpufleet.sources.kubeapi import ApiAccess, KubeApi
+from gpufleet.sources.watch_metrics import Labelled, watcher_families
 
 log = logging.getLogger(__name__)
 
@@ -29,35 +28,27 @@ class KubeWatchCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         stats = self.watcher.snapshot()
-        labelled: tuple[tuple[MetricDef, Mapping[Any, int], tuple[str, ...]], ...] = (
+        labelled: tuple[Labelled, ...] = (
             (schema.EVENTS, stats.events, ("ADDED", "MODIFIED", "DELETED", "BOOKMARK")),
             (schema.CHANGES, stats.changes, ("exclude", "release")),
             (schema.SEND_FAILURES, stats.send_failures, ("exclude", "release", "read")),
             (schema.RESYNCS, stats.resyncs, ("startup", "gone", "error")),
             (schema.API_ERRORS, stats.api_errors, ()),
         )
-        for definition, counts, always in labelled:
-            family = definition.counter()
-            for label in sorted(set(always) | set(counts)):
-                family.add_metric([label], counts.get(label, 0))
-            yield family
-        writes = schema.WRITES.counter()
-        pairs = {
-            (a, o) for a in ("exclude", "release") for o in ("accepted", "conflict", "refused")
-        }
-        for action, outcome in sorted(pairs | set(stats.writes)):
-            writes.add_metric([action, outcome], stats.writes.get((action, outcome), 0))
-        yield writes
-        for definition, value in (
-            (schema.PENDING, stats.pending),
-            (schema.NODES, stats.nodes),
-            (schema.OUT_OF_SERVICE, stats.out_of_service),
-            (schema.WATCHING, int(stats.watching)),
-            (schema.LAST_LIST, stats.last_list),
-        ):
-            gauge = definition.gauge()
-            gauge.add_metric([], float(value))
-            yield gauge
+        yield from watcher_families(
+            labelled,
+            writes=schema.WRITES,
+            write_counts=stats.writes,
+            actions=("exclude", "release"),
+            outcomes=("accepted", "conflict", "refused"),
+            gauges=(
+                (schema.PENDING, stats.pending),
+                (schema.NODES, stats.nodes),
+                (schema.OUT_OF_SERVICE, stats.out_of_service),
+                (schema.WATCHING, int(stats.watching)),
+                (schema.LAST_LIST, stats.last_list),
+            ),
+        )
 
 
 @dataclass(frozen=True)

@@ -5,10 +5,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
@@ -22,6 +21,7 @@ from gpufleet.sources.slurm import (
     SlurmWatcher,
 )
 from gpufleet.sources.slurmstate import SlurmCommands, SlurmError
+from gpufleet.sources.watch_metrics import Labelled, watcher_families
 
 log = logging.getLogger(__name__)
 
@@ -37,31 +37,25 @@ class SlurmWatchCollector(Collector):
         polls = schema.POLLS.counter()
         polls.add_metric([], stats.polls)
         yield polls
-        labelled: tuple[tuple[Any, Mapping[str, int], tuple[str, ...]], ...] = (
+        labelled: tuple[Labelled, ...] = (
             (schema.POLL_ERRORS, stats.poll_errors, ("sinfo", "squeue")),
             (schema.CHANGES, stats.changes, ACTIONS),
             (schema.SKIPPED, stats.skipped, ACTIONS),
         )
-        for definition, counts, always in labelled:
-            family = definition.counter()
-            for label in sorted(set(always) | set(counts)):
-                family.add_metric([label], counts.get(label, 0))
-            yield family
-        writes = schema.WRITES.counter()
-        pairs = {(action, outcome) for action in ACTIONS for outcome in OUTCOMES}
-        for action, outcome in sorted(pairs | set(stats.writes)):
-            writes.add_metric([action, outcome], stats.writes.get((action, outcome), 0))
-        yield writes
-        for definition, value in (
-            (schema.PENDING, stats.pending),
-            (schema.NODES, stats.nodes),
-            (schema.OUT_OF_SERVICE, stats.out_of_service),
-            (schema.UP, int(stats.up)),
-            (schema.LAST_POLL, stats.last_poll),
-        ):
-            gauge = definition.gauge()
-            gauge.add_metric([], float(value))
-            yield gauge
+        yield from watcher_families(
+            labelled,
+            writes=schema.WRITES,
+            write_counts=stats.writes,
+            actions=ACTIONS,
+            outcomes=OUTCOMES,
+            gauges=(
+                (schema.PENDING, stats.pending),
+                (schema.NODES, stats.nodes),
+                (schema.OUT_OF_SERVICE, stats.out_of_service),
+                (schema.UP, int(stats.up)),
+                (schema.LAST_POLL, stats.last_poll),
+            ),
+        )
 
 
 @dataclass(frozen=True)
