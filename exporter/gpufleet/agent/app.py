@@ -18,7 +18,7 @@ from gpufleet.agent.connections import ConnectionGuard, protocol_for
 from gpufleet.agent.hpc_jobs import HpcJobMapping
 from gpufleet.agent.ledger_forward import AttemptRelay, ForwardSettings, LedgerForwarder
 from gpufleet.agent.limits import ConnectionLimits, IngestLimits
-from gpufleet.agent.metrics_endpoint import MetricsEndpoint, Receive, Scope, Send
+from gpufleet.agent.metrics_endpoint import AsgiScope, MetricsEndpoint, Receive, Send
 from gpufleet.agent.pod_resources import DEFAULT_SOCKET, PodResourcesRefresher
 from gpufleet.agent.selfmetrics import AgentSelfCollector, ScrapeStats
 from gpufleet.agent.training_aggregate import TrainingAggregator
@@ -276,7 +276,7 @@ class AgentAsgi:
         self.metrics = metrics
         self.api = api
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] == "/metrics":
             await self.metrics(scope, receive, send)
             return

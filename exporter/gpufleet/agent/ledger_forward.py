@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from gpufleet.fleet.ledger_client import LedgerClient, LedgerError
 from gpufleet.fleet.models import AttemptEventIn
 from gpufleet.reporter.events import attempt_key
+from gpufleet.reporter.wire import ATTEMPTS_PATH
 
 log = logging.getLogger(__name__)
 
@@ -242,7 +243,7 @@ class LedgerForwarder:
     def _write(self, pending: _Pending) -> str:
         """One write; its outcome, or ``retry``."""
         try:
-            self._client.post("/v1/attempts", pending.payload, pending.key, retries=0)
+            self._client.post(ATTEMPTS_PATH, pending.payload, pending.key, retries=0)
         except LedgerError as error:
             status = error.status
             if status is None or status >= 500 or status in _RETRIED:

@@ -27,12 +27,12 @@ from gpufleet.exposition import CONTENT_TYPE, EMPTY_PART, PrecompressedPart
 
 log = logging.getLogger(__name__)
 
-Scope = MutableMapping[str, Any]
+AsgiScope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 
-def _accepts_gzip(scope: Scope) -> bool:
+def _accepts_gzip(scope: AsgiScope) -> bool:
     for name, value in scope.get("headers", ()):
         if name == b"accept-encoding":
             return b"gzip" in value
@@ -58,7 +58,7 @@ class MetricsEndpoint:
             return part.gzip_with(live)
         return part.raw + live
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
         method = scope.get("method", "GET")
         if method not in ("GET", "HEAD"):
             await _plain(send, 405, b"/metrics answers GET only\n", [(b"allow", b"GET, HEAD")])

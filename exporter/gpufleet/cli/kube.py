@@ -6,6 +6,7 @@ import argparse
 
 from gpufleet.cli import kinds, resolve
 from gpufleet.cli.options import Command, ConfigError, Option, log_level_option, variables
+from gpufleet.sources import kube_signals as signals
 
 
 def patterns(value: str) -> tuple[str, ...]:
@@ -23,14 +24,10 @@ def watch_timeout(value: str) -> int:
     return seconds
 
 
-# The same defaults as NodeRules' (a test holds them equal): sources.kube imports
-# prometheus_client, and this package must import with the standard library alone.
-DEFAULT_TAINTS = "nvidia.com/*"
-DEFAULT_IGNORED_TAINTS = "nvidia.com/gpu"
-DEFAULT_CONDITIONS = (
-    "Gpu*,SysLogsXIDError,SysLogsSXIDError,SysLogsGPUFallenOff,NVSwitchFatalError,NVSwitchDown,"
-    "XidCriticalError"
-)
+# NodeRules' defaults, as the flags' text (kube_signals imports the standard library only).
+DEFAULT_TAINTS = ",".join(signals.DEFAULT_TAINTS)
+DEFAULT_IGNORED_TAINTS = ",".join(signals.DEFAULT_IGNORED_TAINTS)
+DEFAULT_CONDITIONS = ",".join(signals.DEFAULT_CONDITIONS)
 # fmt: off
 KUBE_WATCH_OPTIONS = variables("GPUFLEET_KUBE_WATCH_", (
     Option("--listen", kinds.listen, "0.0.0.0:9407", "HOST:PORT serving the watcher's /metrics"),

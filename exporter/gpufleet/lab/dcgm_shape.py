@@ -38,7 +38,6 @@ from gpufleet.schema.external import XID_ERRORS_COUNT
 
 LABEL_KIND = "label"
 XID_COUNT = XID_ERRORS_COUNT.name
-XID_LAST = cat.XID_LAST.name
 XID_WINDOW_MS = 300_000  # dcgm-exporter's default --xid-count-window-size
 
 # What a healthy H100 under training load reads; any other field reads 0.
@@ -239,7 +238,7 @@ def _samples(
 ) -> list[tuple[dict[str, str], float]]:
     if instance is not None and name in INSTANCE_FIELDS:
         return [({}, instance.values.get(name, gpu.value(name)))]
-    if name == XID_LAST:
+    if name == cat.XID_LAST.name:
         code = gpu.last_xid
         text = DCGM_MESSAGES.get(code, UNKNOWN_MESSAGE)  # dcgm-exporter's xid_errors.go
         return [({"err_code": str(code), "err_msg": text}, float(code))]

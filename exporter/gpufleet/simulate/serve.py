@@ -20,7 +20,7 @@ from prometheus_client import generate_latest
 from prometheus_client.metrics_core import Metric
 
 from gpufleet import __version__
-from gpufleet.agent.metrics_endpoint import Receive, Scope, Send
+from gpufleet.agent.metrics_endpoint import AsgiScope, Receive, Send
 from gpufleet.agent.training_render import training_families
 from gpufleet.agent.training_view import CheckpointCounts, JobCounts, RankCounts, StageCounts
 from gpufleet.exposition import CONTENT_TYPE, PrecompressedPart, render
@@ -225,7 +225,7 @@ class SimulatorServer:
                 self._cache[node] = cached
             return cached[1]
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             await _lifespan(receive, send)
             return
@@ -254,7 +254,7 @@ class SimulatorServer:
         else:
             await _text(send, 404, "not found\n")
 
-    async def _metrics(self, scope: Scope, send: Send, name: str) -> None:
+    async def _metrics(self, scope: AsgiScope, send: Send, name: str) -> None:
         index = self._index.get(name)
         if index is None:
             await _text(send, 404, f"no node {name!r} in this cluster\n")
