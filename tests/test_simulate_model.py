@@ -301,19 +301,19 @@ def test_a_slow_gpu_shows_as_compute_on_its_node_and_as_waiting_on_its_peers() -
     cluster = Cluster(scenario, 0, START, DAY)
     run(cluster, 150)  # up to just after the episode starts (at 2 minutes)
     t = cluster.training
-    before = (t.compute.copy(), t.comm_wait.copy(), t.steps.copy(), t.slowest_compute.copy())
+    before = (t.compute_s.copy(), t.comm_wait_s.copy(), t.steps.copy(), t.slowest_compute_s.copy())
     run(cluster, 600)  # inside the episode
     steps = t.steps - before[2]
-    compute = (t.compute - before[0]) / steps
-    comm = (t.comm_wait - before[1]) / steps
-    slowest = (t.slowest_compute - before[3]) / (steps / cluster.gpus)
+    compute = (t.compute_s - before[0]) / steps
+    comm = (t.comm_wait_s - before[1]) / steps
+    slowest = (t.slowest_compute_s - before[3]) / (steps / cluster.gpus)
     stage0 = [n for n in range(cluster.nodes) if cluster.stage[n] == cluster.stage[5] and n != 5]
     peer_compute = np.median(compute[stage0])
     # one GPU in eight is ~25% slower: the node's mean moves ~3%, its slowest rank ~25%
     assert compute[5] / peer_compute == pytest.approx(1 + 0.25 / 8, abs=0.01)
     assert slowest[5] / np.median(slowest[stage0]) == pytest.approx(1.25, abs=0.03)
     assert comm[5] < np.median(comm[stage0])  # everyone else waits for node-005
-    step_seconds = (t.step_seconds - 0) / t.steps
+    step_seconds = (t.duration_s - 0) / t.steps
     assert np.ptp(step_seconds[t.steps > 0]) < 1e-9  # lock-step: the same step time everywhere
 
 
@@ -353,10 +353,10 @@ def test_uneven_work_slows_one_replica_in_every_stage_on_healthy_gpus() -> None:
     cluster = Cluster(scenario, 0, START, DAY)
     run(cluster, 120)
     t = cluster.training
-    before = (t.slowest_compute.copy(), t.slowest_steps.copy())
+    before = (t.slowest_compute_s.copy(), t.slowest_steps.copy())
     watts = cluster._power_watts().copy()
     run(cluster, 600)
-    per_step = (t.slowest_compute - before[0]) / (t.slowest_steps - before[1])
+    per_step = (t.slowest_compute_s - before[0]) / (t.slowest_steps - before[1])
     replica = cluster.dp_rank[:, 0] == 3  # TP 8: a node is one rank of one replica per stage
     assert replica.sum() == 4 and sorted(cluster.stage[replica].tolist()) == [0, 1, 2, 3]
     for stage in range(4):
@@ -389,7 +389,7 @@ def test_stage_skew_is_visible_per_stage_not_per_node() -> None:
     cluster = Cluster(load_scenario("stage-skew"), 0, START, DAY)
     run(cluster, 600)
     t = cluster.training
-    per_step = t.compute / t.steps
+    per_step = t.compute_s / t.steps
     last = cluster.stage == cluster.stage.max()
     assert np.median(per_step[last]) / np.median(per_step[~last]) == pytest.approx(1.25, abs=0.02)
     for stage in set(cluster.stage.tolist()):
@@ -444,7 +444,7 @@ def test_checkpoint_storm_is_queue_bound_and_visible_in_flight() -> None:
     assert cluster.training.ckpt_in_flight.sum() == 64 * 8  # everyone is writing at once
     run(cluster, window.end - cluster.now + 2, tick=1.0)
     t = cluster.training
-    share = t.ckpt_queue.sum() / (t.ckpt_queue.sum() + t.ckpt_service.sum())
+    share = t.queue_wait_s.sum() / (t.queue_wait_s.sum() + t.service_s.sum())
     assert share > 0.9
     assert t.ckpt_in_flight.sum() == 0
 

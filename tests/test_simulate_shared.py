@@ -73,9 +73,9 @@ def test_a_step_only_job_shows_its_step_time_as_compute_and_no_split() -> None:
     run(job, 600)
     t = job.training
     # what the agent makes of events without compute_s: all of the step is compute
-    assert np.allclose(t.compute, t.step_seconds)
-    assert (t.data_wait == 0).all() and (t.comm_wait == 0).all()
-    assert np.allclose(t.slowest_compute / t.slowest_steps, t.step_seconds / t.steps)
+    assert np.allclose(t.compute_s, t.duration_s)
+    assert (t.data_wait_s == 0).all() and (t.comm_wait_s == 0).all()
+    assert np.allclose(t.slowest_compute_s / t.slowest_steps, t.duration_s / t.steps)
     # no rank timed a split, while every step of the other jobs has one
     assert (t.steps > 0).all() and (t.split_steps == 0).all()
     for other in (jobs["wide"], jobs["tp-rank-0-only"], jobs["overlapped-comm"]):
@@ -92,7 +92,7 @@ def test_overlapped_collectives_expose_only_what_compute_does_not_hide() -> None
 
     def comm_share(job: Cluster) -> float:
         t = job.training
-        return float(t.comm_wait.sum() / t.step_seconds.sum())
+        return float(t.comm_wait_s.sum() / t.duration_s.sum())
 
     assert comm_share(hidden) < 0.6 * comm_share(plain)
     assert hidden.step_time < plain.step_time
@@ -109,7 +109,7 @@ def test_a_slow_gpu_shows_through_its_tp_rank_0() -> None:
     job = by_name(SharedCluster(scenario, 3, START, 3600.0))["tp-rank-0-only"]
     run(job, 900)
     t = job.training
-    per_step = t.rank_compute[:, 4] / t.rank_steps[:, 4]  # TP rank 0 of GPUs 4-7
+    per_step = t.rank_compute_s[:, 4] / t.rank_steps[:, 4]  # TP rank 0 of GPUs 4-7
     assert per_step[3] > 1.2 * np.median(per_step)
 
 

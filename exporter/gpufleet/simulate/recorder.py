@@ -23,12 +23,12 @@ JOB_LABEL = "gpufleet-agent"
 NODE_TRAINING: tuple[tuple[MetricDef, str], ...] = (
     # (family, NodeTraining attribute)
     (ts.STEPS, "steps"),
-    (ts.STEP_SECONDS, "step_seconds"),
-    (ts.COMPUTE_SECONDS, "compute"),
-    (ts.DATA_WAIT_SECONDS, "data_wait"),
-    (ts.COLLECTIVE_WAIT_SECONDS, "comm_wait"),
+    (ts.STEP_SECONDS, "duration_s"),
+    (ts.COMPUTE_SECONDS, "compute_s"),
+    (ts.DATA_WAIT_SECONDS, "data_wait_s"),
+    (ts.COLLECTIVE_WAIT_SECONDS, "comm_wait_s"),
     (ts.TOKENS, "tokens"),
-    (ts.SLOWEST_RANK_COMPUTE_SECONDS, "slowest_compute"),
+    (ts.SLOWEST_RANK_COMPUTE_SECONDS, "slowest_compute_s"),
     (ts.SLOWEST_RANK_STEPS, "slowest_steps"),
     (ts.SPLIT_STEPS, "split_steps"),
     (ts.LAST_STEP_TIMESTAMP, "last_step_time"),
@@ -36,7 +36,7 @@ NODE_TRAINING: tuple[tuple[MetricDef, str], ...] = (
 )
 # Per-rank counters (``rank`` label), for rank-level peer comparison in small stages.
 RANK_TRAINING: tuple[tuple[MetricDef, str], ...] = (
-    (ts.RANK_COMPUTE_SECONDS, "rank_compute"),
+    (ts.RANK_COMPUTE_SECONDS, "rank_compute_s"),
     (ts.RANK_STEPS, "rank_steps"),
 )
 # ``rank_series="auto"`` writes them for jobs whose stages have at most this many nodes:
@@ -58,8 +58,8 @@ GPU_GAUGES = tuple(
     )
 )
 NODE_CHECKPOINT: tuple[tuple[MetricDef, str], ...] = (
-    (ts.CHECKPOINT_QUEUE_WAIT_SECONDS, "ckpt_queue"),
-    (ts.CHECKPOINT_SERVICE_SECONDS, "ckpt_service"),
+    (ts.CHECKPOINT_QUEUE_WAIT_SECONDS, "queue_wait_s"),
+    (ts.CHECKPOINT_SERVICE_SECONDS, "service_s"),
     (ts.CHECKPOINT_BYTES, "ckpt_bytes"),
     (ts.CHECKPOINT_IN_FLIGHT, "ckpt_in_flight"),
 )

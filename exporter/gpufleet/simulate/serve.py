@@ -96,15 +96,15 @@ def job_state(cluster: Cluster, node: int) -> dict[str, JobCounts]:
     t = cluster.training
     first_rank = node * cluster.gpus
     last_step_time = float(t.last_step_time[node])
-    steps, step_seconds = int(t.steps[node]), float(t.step_seconds[node])
+    steps, step_seconds = int(t.steps[node]), float(t.duration_s[node])
     stage = StageCounts(
         steps=steps,
         duration_s=step_seconds,
-        compute_s=float(t.compute[node]),
-        data_wait_s=float(t.data_wait[node]),
-        comm_wait_s=float(t.comm_wait[node]),
+        compute_s=float(t.compute_s[node]),
+        data_wait_s=float(t.data_wait_s[node]),
+        comm_wait_s=float(t.comm_wait_s[node]),
         tokens=int(t.tokens[node]),
-        slowest_compute_s=float(t.slowest_compute[node]),
+        slowest_compute_s=float(t.slowest_compute_s[node]),
         slowest_steps=int(t.slowest_steps[node]),
         split_steps=int(t.split_steps[node]),
         bucket_counts=tuple(int(count) for count in t.buckets[node]),
@@ -115,7 +115,7 @@ def job_state(cluster: Cluster, node: int) -> dict[str, JobCounts]:
         phase_seconds={"train": step_seconds, "eval": float(t.eval_seconds[node])},
         ranks={
             first_rank + gpu: RankCounts(
-                int(t.rank_steps[node, gpu]), float(t.rank_compute[node, gpu])
+                int(t.rank_steps[node, gpu]), float(t.rank_compute_s[node, gpu])
             )
             for gpu in range(cluster.gpus)
             if cluster.report_mask[node, gpu]
@@ -123,8 +123,8 @@ def job_state(cluster: Cluster, node: int) -> dict[str, JobCounts]:
     )
     checkpoints = CheckpointCounts(
         outcomes={"ok": int(t.ckpt_ok[node])},
-        queue_wait_s=float(t.ckpt_queue[node]),
-        service_s=float(t.ckpt_service[node]),
+        queue_wait_s=float(t.queue_wait_s[node]),
+        service_s=float(t.service_s[node]),
         bytes=int(t.ckpt_bytes[node]),
         in_flight=range(int(t.ckpt_in_flight[node])),  # only their number is shown
     )

@@ -21,12 +21,12 @@ class NodeTraining:
     """One node's training counters, as its agent would hold them."""
 
     steps: np.ndarray
-    step_seconds: np.ndarray
-    compute: np.ndarray
-    data_wait: np.ndarray
-    comm_wait: np.ndarray
+    duration_s: np.ndarray
+    compute_s: np.ndarray
+    data_wait_s: np.ndarray
+    comm_wait_s: np.ndarray
     tokens: np.ndarray
-    slowest_compute: np.ndarray
+    slowest_compute_s: np.ndarray
     slowest_steps: np.ndarray
     split_steps: np.ndarray  # steps whose rank timed its compute (none in a step-only job)
     last_step_time: np.ndarray
@@ -34,11 +34,11 @@ class NodeTraining:
     eval_steps: np.ndarray
     eval_seconds: np.ndarray
     buckets: np.ndarray  # (nodes, buckets + 1)
-    rank_compute: np.ndarray  # (nodes, gpus)
+    rank_compute_s: np.ndarray  # (nodes, gpus)
     rank_steps: np.ndarray
     ckpt_ok: np.ndarray
-    ckpt_queue: np.ndarray
-    ckpt_service: np.ndarray
+    queue_wait_s: np.ndarray
+    service_s: np.ndarray
     ckpt_bytes: np.ndarray
     ckpt_in_flight: np.ndarray
 
@@ -241,15 +241,15 @@ class TrainingModel:
         gpus = self.gpus
         a = active
         t.steps[a] += steps * gpus
-        t.step_seconds[a] += steps * gpus * step_time
-        t.compute[a] += steps * compute[a].sum(axis=1)
-        t.data_wait[a] += steps * gpus * data[a]
-        t.comm_wait[a] += steps * comm[a].sum(axis=1)
+        t.duration_s[a] += steps * gpus * step_time
+        t.compute_s[a] += steps * compute[a].sum(axis=1)
+        t.data_wait_s[a] += steps * gpus * data[a]
+        t.comm_wait_s[a] += steps * comm[a].sum(axis=1)
         t.tokens[a] += steps * gpus * self.spec.tokens_per_rank_step
-        t.slowest_compute[a] += steps * compute[a].max(axis=1)
+        t.slowest_compute_s[a] += steps * compute[a].max(axis=1)
         t.slowest_steps[a] += steps
         t.split_steps[a] += steps * gpus
-        t.rank_compute[a] += steps * compute[a]
+        t.rank_compute_s[a] += steps * compute[a]
         t.rank_steps[a] += steps
         t.buckets[a, bisect.bisect_left(self.bucket_bounds, step_time)] += steps * gpus
         self.step_number += steps
@@ -289,17 +289,17 @@ class TrainingModel:
         count = self.reporters[a]
         reporting = count > 0
         t.steps[a] += steps * count
-        t.step_seconds[a] += steps * count * step_time
-        t.compute[a] += steps * (seen[a] * mask[a]).sum(axis=1)
-        t.data_wait[a] += steps * (waited[a] * mask[a]).sum(axis=1)
-        t.comm_wait[a] += steps * (comm[a] * mask[a]).sum(axis=1)
+        t.duration_s[a] += steps * count * step_time
+        t.compute_s[a] += steps * (seen[a] * mask[a]).sum(axis=1)
+        t.data_wait_s[a] += steps * (waited[a] * mask[a]).sum(axis=1)
+        t.comm_wait_s[a] += steps * (comm[a] * mask[a]).sum(axis=1)
         t.tokens[a] += steps * count * spec.tokens_per_rank_step
         slowest = np.where(mask[a], seen[a], 0.0).max(axis=1)
-        t.slowest_compute[a] += steps * slowest
+        t.slowest_compute_s[a] += steps * slowest
         t.slowest_steps[a] += steps * reporting
         if not spec.step_only:
             t.split_steps[a] += steps * count
-        t.rank_compute[a] += steps * seen[a] * mask[a]
+        t.rank_compute_s[a] += steps * seen[a] * mask[a]
         t.rank_steps[a] += steps * mask[a]
         t.buckets[a, bisect.bisect_left(self.bucket_bounds, step_time)] += steps * count
         self.step_number += steps
@@ -315,6 +315,6 @@ class TrainingModel:
             if start <= window.end < end:
                 queue, service = (float(part) for part in window.reason.split(":"))
                 t.ckpt_ok[active] += gpus
-                t.ckpt_queue[active] += gpus * queue
-                t.ckpt_service[active] += gpus * service
+                t.queue_wait_s[active] += gpus * queue
+                t.service_s[active] += gpus * service
                 t.ckpt_bytes[active] += self.spec.checkpoint_bytes_per_node
