@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
-mp = pytest.importorskip("torch.multiprocessing")
+pytest.importorskip("torch.multiprocessing")
 
 from gpufleet.client import Reporter  # noqa: E402
 from gpufleet.reporter.collectives import (  # noqa: E402
@@ -21,6 +21,7 @@ from gpufleet.reporter.collectives import (  # noqa: E402
     data_parallel_wrapper,
     watch_model,
 )
+from torch_ranks import end_distributed, run_ranks  # noqa: E402
 
 WORLD = 2
 STEPS = 30
@@ -54,13 +55,15 @@ def train(rank: int, store: str, out: str, watched: bool, slow_rank: int) -> Non
         if wait is not None:
             waits.append(wait.take())
     torch.save({"waits": waits, "params": [p.detach() for p in ddp.parameters()]}, out)
-    dist.destroy_process_group()
+    dist.barrier()
+    del ddp, wait, optimizer
+    end_distributed()
 
 
 def run(tmp_path: Path, watched: bool, slow_rank: int = 1) -> list[dict[str, Any]]:
     outs = [str(tmp_path / f"{'watched' if watched else 'plain'}-{rank}.pt") for rank in range(2)]
     store = str(tmp_path / f"{'watched' if watched else 'plain'}-store")
-    mp.start_processes(_entry, args=(store, outs, watched, slow_rank), nprocs=WORLD, join=True)
+    run_ranks(_entry, (store, outs, watched, slow_rank), WORLD)
     return [torch.load(out) for out in outs]
 
 
@@ -125,25 +128,28 @@ def test_a_model_of_a_single_process_job_waits_on_nothing() -> None:
 
 
 def test_the_wrapper_of_a_bare_model_is_found(tmp_path: Path) -> None:
-    store = tmp_path / "store"
-    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"file://{store}")
-    try:
-        bare = model()
-        wrapped = torch.nn.parallel.DistributedDataParallel(bare)
-        assert data_parallel_wrapper(bare) is wrapped
-        assert data_parallel_wrapper(wrapped) is wrapped
-        other = model()
-        assert data_parallel_wrapper(other) is other
-        # a model already given a hook keeps it, and watch says it cannot time it
-        hooked = torch.nn.parallel.DistributedDataParallel(model())
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    # in a child process: a process group made in pytest's own outlives the test
+    run_ranks(_find_wrappers, (str(tmp_path / "store"),), 1)
 
-        hooked.register_comm_hook(None, allreduce_hook)
-        assert watch_model(hooked) is None
-        # passed in, the job's own hook runs inside gpufleet's
-        mine = torch.nn.parallel.DistributedDataParallel(model())
-        assert isinstance(watch_model(mine, allreduce_hook, None), CollectiveWait)
-        mine(torch.randn(4, 16)).sum().backward()
-        assert mine.module[0].weight.grad is not None
-    finally:
-        dist.destroy_process_group()
+
+def _find_wrappers(rank: int, store: str) -> None:
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    dist.init_process_group("gloo", rank=rank, world_size=1, init_method=f"file://{store}")
+    bare = model()
+    wrapped = torch.nn.parallel.DistributedDataParallel(bare)
+    assert data_parallel_wrapper(bare) is wrapped
+    assert data_parallel_wrapper(wrapped) is wrapped
+    other = model()
+    assert data_parallel_wrapper(other) is other
+    # a model already given a hook keeps it, and watch says it cannot time it
+    hooked = torch.nn.parallel.DistributedDataParallel(model())
+    hooked.register_comm_hook(None, allreduce_hook)
+    assert watch_model(hooked) is None
+    # passed in, the job's own hook runs inside gpufleet's
+    mine = torch.nn.parallel.DistributedDataParallel(model())
+    assert isinstance(watch_model(mine, allreduce_hook, None), CollectiveWait)
+    mine(torch.randn(4, 16)).sum().backward()
+    assert mine.module[0].weight.grad is not None
+    del wrapped, hooked, mine
+    end_distributed()

@@ -3,8 +3,8 @@ once per attempt, and what the agent accepts and exports."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -226,34 +226,39 @@ def test_sizes_given_to_the_reporter_are_sent_once_after_the_first_step(
         reporter.close()
 
 
-def test_describe_layout_sends_a_mesh_given_by_hand(serve_asgi: Callable[..., Any]) -> None:
-    torch = pytest.importorskip("torch")
-    dist = pytest.importorskip("torch.distributed")
-    from torch.distributed.device_mesh import init_device_mesh
+def test_describe_layout_sends_a_mesh_given_by_hand(
+    serve_asgi: Callable[..., Any], tmp_path: Path
+) -> None:
+    pytest.importorskip("torch.distributed")
+    from torch_ranks import run_ranks
 
     agent, url = start_agent(serve_asgi)
-    store = dist.HashStore()
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    try:
-        mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "tp"))
-        reporter = Reporter(url, training_job="meshed", rank=0)
-        started = time.perf_counter()
-        assert reporter.describe_layout(mesh)
-        described_s = time.perf_counter() - started
-        assert reporter.flush(5)
-        assert {(row["group"], row["value"]) for row in exported(agent)} == {
-            ("dp", "1"),
-            ("tp", "1"),
-        }
-        assert described_s < 1.0
-        # The first step looks for nothing more: described already.
-        with reporter.step():
-            torch.ones(1)
-        assert reporter.flush(5)
-        assert len(exported(agent)) == 2
-        reporter.close()
-    finally:
-        dist.destroy_process_group()
+    # the mesh is made in a child process: a process group made in pytest's own
+    # outlives the test (tests/torch_ranks.py)
+    run_ranks(_describe_a_mesh, (url, str(tmp_path / "store")), 1)
+    assert {(row["group"], row["value"]) for row in exported(agent)} == {("dp", "1"), ("tp", "1")}
+    # The steps after it looked for nothing more: described already.
+    assert len(exported(agent)) == 2
+
+
+def _describe_a_mesh(rank: int, url: str, store: str) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from torch_ranks import end_distributed
+
+    dist.init_process_group("gloo", rank=rank, world_size=1, init_method=f"file://{store}")
+    mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "tp"))
+    reporter = Reporter(url, training_job="meshed", rank=rank)
+    assert reporter.describe_layout(mesh)
+    assert reporter.flush(5)
+    with reporter.step():
+        torch.ones(1)
+    assert reporter.flush(5)
+    reporter.close()
+    del mesh
+    end_distributed()
 
 
 def test_without_a_layout_nothing_is_sent(serve_asgi: Callable[..., Any]) -> None:
