@@ -58,6 +58,9 @@ class PrometheusServer:
     extra_args: list[str] = field(default_factory=list)
     storage_path: Path | None = None  # e.g. blocks backfilled by promtool; default workdir/data
     remote_write_urls: list[str] = field(default_factory=list)
+    # write_relabel_configs of every remote_write (a shard sends the global ruler only
+    # what it reads: gpufleet.rules.sharding.remote_write_relabel_configs)
+    remote_write_relabel: list[dict[str, Any]] = field(default_factory=list)
     # A configuration file to run as it is (deploy/prometheus/prometheus.yml in the demo)
     # instead of one made from the fields above.
     config_file: Path | None = None
@@ -90,7 +93,15 @@ class PrometheusServer:
             config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": hosts}]}]}
         if self.remote_write_urls:
             config["remote_write"] = [
-                {"url": url, "queue_config": {"batch_send_deadline": "1s"}}
+                {
+                    "url": url,
+                    "queue_config": {"batch_send_deadline": "1s"},
+                    **(
+                        {"write_relabel_configs": self.remote_write_relabel}
+                        if self.remote_write_relabel
+                        else {}
+                    ),
+                }
                 for url in self.remote_write_urls
             ]
         return config
