@@ -28,9 +28,13 @@ from gpufleet.lab.devstack import (
     file_sd_scrape_config,
 )
 from gpufleet.lab.processes import wait_until
-from gpufleet.rules.build import SHARD_LOCAL_FILES
 from gpufleet.rules.config import RulesConfig
 from gpufleet.rules.inline import inlined_alerts
+from gpufleet.rules.sharding import (
+    is_shard_local,
+    remote_write_relabel_configs,
+    shard_relabel_configs,
+)
 from gpufleet.simulate.cluster import Cluster
 from gpufleet.simulate.config import load_scenario
 from gpufleet.simulate.serve import SimulatorServer
@@ -77,16 +81,6 @@ def start_simulated_cluster(
     return simulator, targets
 
 
-def shard_relabeling(index: int, shards: int) -> list[dict[str, Any]]:
-    """Keep this shard's nodes. Hash the node, not the address: a node's gpufleet agent
-    and dcgm-exporter must land on the same shard."""
-    return [
-        {"source_labels": ["instance"], "modulus": shards, "target_label": "__tmp_shard",
-         "action": "hashmod"},
-        {"source_labels": ["__tmp_shard"], "regex": str(index), "action": "keep"},
-    ]  # fmt: skip
-
-
 def alert_key(alert: dict[str, Any]) -> tuple[str, str]:
     labels = alert["labels"]
     return labels["alertname"], labels.get("node", "-")
@@ -106,7 +100,7 @@ def test_a_straggler_and_an_xid_79_page_for_the_right_nodes_and_nothing_else(
     webhook_receiver: Any,
 ) -> None:
     rules = rule_files(FAST)
-    shard_rules = [p for p in rules if Path(p).name.split(".")[0] in SHARD_LOCAL_FILES]
+    shard_rules = [p for p in rules if is_shard_local(Path(p).name)]
     global_rules = [p for p in rules if p not in shard_rules]
     assert shard_rules and global_rules
     simulator, targets = start_simulated_cluster(tmp_path, serve_asgi)
@@ -122,10 +116,13 @@ def test_a_straggler_and_an_xid_79_page_for_the_right_nodes_and_nothing_else(
         )
         shards += [
             prometheus_factory(
-                scrape_configs=[{**scrape, "relabel_configs": shard_relabeling(index, 2)}],
+                scrape_configs=[
+                    {**scrape, "relabel_configs": shard_relabel_configs(index, 2, "instance")}
+                ],
                 rule_files=shard_rules,
                 alertmanager_urls=[silent_manager.url],
                 remote_write_urls=[f"{victoria.url}/api/v1/write"],
+                remote_write_relabel=remote_write_relabel_configs(FAST),
             )
             for index in range(2)
         ]
