@@ -118,12 +118,14 @@ format: venv
 	$(VENV)/bin/ruff check --fix exporter tests bench
 	$(VENV)/bin/ruff format exporter tests bench
 
-GENERATED := alerts dashboards deploy/dcgm-exporter/gpufleet-counters.csv
+GENERATED := alerts dashboards deploy/dcgm-exporter/gpufleet-counters.csv deploy/sharding
 
 # Rule files come from exporter/gpufleet/rules/, dashboards from exporter/gpufleet/dashboards/,
-# the dcgm-exporter counters file from the schema (exporter/gpufleet/lab/dcgm_counters.py);
-# never edit them by hand. Each generated file has one committed copy; the others are links
-# to it: helm/gpufleet/files/{rules,dashboards} link to alerts/ and dashboards/ (helm
+# the dcgm-exporter counters file from the schema (exporter/gpufleet/lab/dcgm_counters.py),
+# deploy/sharding/ from exporter/gpufleet/rules/sharding.py (which rule files run on the
+# shards, a shard's remote-write filter); never edit them by hand. Each generated file has
+# one committed copy; the others are links to it: helm/gpufleet/files/{rules,dashboards,
+# sharding} link to alerts/, dashboards/ and deploy/sharding/ (helm
 # template, lint and package follow links inside the repository; .Files reads only the
 # chart's directory, hence links, not paths), and exporter/gpufleet/deploy/'s demo
 # configurations link to deploy/'s (the wheel and sdist carry the files; the Dockerfile
@@ -132,6 +134,7 @@ generate: venv
 	$(PY) -m gpufleet.rules --out alerts
 	$(PY) -m gpufleet.dashboards --out dashboards
 	$(PY) -m gpufleet.lab.dcgm_counters --out deploy/dcgm-exporter/gpufleet-counters.csv
+	$(PY) -m gpufleet.rules.sharding_files --out deploy/sharding
 
 check-generated: generate
 	@git diff --exit-code --stat -- $(GENERATED) && \

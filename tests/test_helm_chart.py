@@ -555,9 +555,11 @@ def test_the_agent_service_monitor_honors_the_agent_s_pod_labels() -> None:
 def test_the_chart_links_the_generated_rules_and_dashboards_and_packages_them(
     tmp_path: Path,
 ) -> None:
-    # One committed copy: files/rules and files/dashboards are links to alerts/ and
-    # dashboards/, and `helm package` follows them (without the runbook and promtool tests).
-    for link, source in (("rules", "alerts"), ("dashboards", "dashboards")):
+    # One committed copy: files/rules, files/dashboards and files/sharding are links to
+    # alerts/, dashboards/ and deploy/sharding/, and `helm package` follows them (without
+    # the runbook and promtool tests).
+    links = (("rules", "alerts"), ("dashboards", "dashboards"), ("sharding", "deploy/sharding"))
+    for link, source in links:
         path = CHART / "files" / link
         assert path.is_symlink() and path.resolve() == (REPO / source).resolve()
     result = subprocess.run(
@@ -572,20 +574,28 @@ def test_the_chart_links_the_generated_rules_and_dashboards_and_packages_them(
             for member in archive.getmembers()
             if member.name.startswith("gpufleet/files/")
         }
-    expected = {
-        f"files/rules/{path.name}": path.read_bytes()
-        for path in sorted((REPO / "alerts").glob("*.rules.yaml"))
-    } | {
-        f"files/dashboards/{path.name}": path.read_bytes()
-        for path in sorted((REPO / "dashboards").glob("*.json"))
-    }
+    expected = (
+        {
+            f"files/rules/{path.name}": path.read_bytes()
+            for path in sorted((REPO / "alerts").glob("*.rules.yaml"))
+        }
+        | {
+            f"files/dashboards/{path.name}": path.read_bytes()
+            for path in sorted((REPO / "dashboards").glob("*.json"))
+        }
+        | {
+            f"files/sharding/{path.name}": path.read_bytes()
+            for path in sorted((REPO / "deploy" / "sharding").glob("*.yaml"))
+        }
+    )
     assert packaged == expected
 
 
 def value_paths(values: dict[str, Any], prefix: str = "") -> Iterator[str]:
     # Free-form maps (selectors, resources, labels) are documented as one value.
     free_form = {"nodeSelector", "affinity", "resources", "commonLabels", "additionalLabels",
-                 "podAnnotations", "podLabels", "namespaceSelector", "podSelector"}  # fmt: skip
+                 "podAnnotations", "podLabels", "namespaceSelector", "podSelector",
+                 "shardRuleLabels", "globalRuleLabels"}  # fmt: skip
     for key, value in values.items():
         path = f"{prefix}{key}"
         if isinstance(value, dict) and value and key not in free_form:

@@ -108,3 +108,23 @@ fsGroup: {{ .Values.securityContext.runAsGroup }}
 seccompProfile:
   type: RuntimeDefault
 {{- end }}
+
+{{/*
+Sharded scraping (docs/SCALING.md): keep the targets whose node hashes to shard .index of
+.shards, so a node's exporters share a shard (gpufleet.rules.sharding.shard_relabel_configs).
+*/}}
+{{- define "gpufleet.shardRelabelings" -}}
+- sourceLabels: [__meta_kubernetes_pod_node_name]
+  modulus: {{ .shards }}
+  targetLabel: __tmp_shard
+  action: hashmod
+- sourceLabels: [__tmp_shard]
+  regex: {{ .index | quote }}
+  action: keep
+{{- end }}
+
+{{/* A shard's object name, <fullname>-<component>-shard-<index>, within 63 characters. */}}
+{{- define "gpufleet.shardName" -}}
+{{- $suffix := printf "-%s-shard-%d" .component .index }}
+{{- printf "%s%s" (include "gpufleet.fullname" .root | trunc (int (sub 63 (len $suffix))) | trimSuffix "-") $suffix }}
+{{- end }}
