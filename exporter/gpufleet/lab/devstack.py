@@ -263,6 +263,8 @@ class VictoriaMetricsServer:
 
     workdir: Path
     port: int | None = None
+    # how old data must be before a query reads it: tests look at data seconds old
+    latency_offset: str = "1s"
     process: ManagedProcess | None = None
 
     @property
@@ -277,7 +279,7 @@ class VictoriaMetricsServer:
                 binary,
                 f"-storageDataPath={self.workdir / 'data'}",
                 f"-httpListenAddr=127.0.0.1:{self.port}",
-                "-search.latencyOffset=1s",  # tests look at data seconds old
+                f"-search.latencyOffset={self.latency_offset}",
                 "-loggerLevel=WARN",
             ],
             self.workdir / "victoria-metrics.log",
@@ -301,6 +303,7 @@ class VmalertServer:
     notifier_url: str
     evaluation_interval: str = "1s"
     port: int | None = None
+    extra_args: list[str] = field(default_factory=list)
     process: ManagedProcess | None = None
 
     @property
@@ -320,6 +323,7 @@ class VmalertServer:
                 f"-evaluationInterval={self.evaluation_interval}",
                 f"-httpListenAddr=127.0.0.1:{self.port}",
                 "-loggerLevel=WARN",
+                *self.extra_args,
             ],
             self.workdir / "vmalert.log",
         )
