@@ -7,6 +7,7 @@ lines into a table at the end.
 
     python bench/run_all.py            # what `make bench` runs
     python bench/run_all.py --fast     # fewer iterations, no 512-node scale run
+    python bench/run_all.py --scale    # also 64 to 2,048 nodes, sharded (`make bench SCALE=1`)
 """
 
 from __future__ import annotations
@@ -59,6 +60,15 @@ BENCHES: list[tuple[str, str, list[str], list[str] | None]] = [
 ]
 
 
+# With --scale: one Prometheus beside the sharded layout from 64 to 2,048 nodes (~45 min)
+SCALE_BENCH: tuple[str, str, list[str], list[str] | None] = (
+    "sharded, 64 to 2,048 nodes",
+    "scale_sharded.py",
+    [],
+    ["--nodes", "64,512"],
+)
+
+
 def figures(output: str) -> dict[str, str]:
     for line in reversed(output.strip().splitlines()):
         pairs = [item.split("=", 1) for item in line.split() if "=" in item]
@@ -70,10 +80,11 @@ def figures(output: str) -> dict[str, str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fast", action="store_true")
+    parser.add_argument("--scale", action="store_true", help="also " + SCALE_BENCH[0])
     args = parser.parse_args()
     table: list[tuple[str, str, str]] = []
     failed = []
-    for title, script, full, fast in BENCHES:
+    for title, script, full, fast in [*BENCHES, *([SCALE_BENCH] if args.scale else [])]:
         arguments = fast if args.fast else full
         if arguments is None:
             continue
