@@ -47,7 +47,6 @@ from gpufleet.lab.processes import (
     PROMETHEUS3_BIN,
     PROMETHEUS_MAJOR_VARIABLE,
     ManagedProcess,
-    free_port,
     http_get,
     process_cpu_seconds,
     process_rss_mib,
@@ -57,11 +56,11 @@ from gpufleet.lab.sharded import (
     RULERS,
     Firsts,
     ShardedLayout,
+    StoryServer,
     compare,
     expected_story,
     prometheus,
     scraped,
-    story,
 )
 from gpufleet.promapi import PrometheusApi
 
@@ -121,7 +120,7 @@ def prometheus_costs(server: PrometheusServer, window_s: float) -> dict[str, Any
             f" * {EVALUATION_S} / on (rule_group) prometheus_rule_group_interval_seconds)"
         ),
         "longest_share": float(longest[0]["value"][1]) if longest else float("nan"),
-        "longest_group": len(longest) and longest[0]["metric"]["rule_group"].split(";")[-1],
+        "longest_group": longest[0]["metric"]["rule_group"].split(";")[-1] if longest else "-",
         "missed": one(
             f"sum(increase(prometheus_rule_group_iterations_missed_total{{{own}}}[{window}]))"
         ),
@@ -192,23 +191,14 @@ def run_size(
 ) -> dict[str, Any]:
     workdir.mkdir(parents=True)
     rules = sorted(str(path) for path in RULES.glob("*.rules.yaml"))
-    port, targets = free_port(), workdir / "targets.json"
-    simulator = ManagedProcess(
-        [sys.executable, "-m", "gpufleet", "simulate", "--scenario",
-         str(story(nodes, workdir / "story.yaml")), "--nodes", str(nodes),
-         "--listen", f"127.0.0.1:{port}", "--targets-file", str(targets), "--tick", "15",
-         "--horizon", "1"],
-        workdir / "simulator.log",
-    )  # fmt: skip
+    simulator = StoryServer(workdir, nodes, tick=15.0)
+    targets = simulator.targets
     interval = f"{EVALUATION_S:g}s"
     manager = AlertmanagerServer(workdir / "alertmanager")  # pages go nowhere
     one = prometheus(workdir / "single", targets, interval, rule_files=rules) if single else None
     layout: ShardedLayout | None = None
     try:
-        simulator.start()
-        wait_until(lambda: http_get(f"http://127.0.0.1:{port}/healthz") and targets.exists(),
-                   120, what="simulator")  # fmt: skip
-        t0 = time.time()  # the story's clock starts with the simulator's
+        t0 = simulator.start().started
         manager.start()
         if one is not None:
             one.alertmanager_urls = [manager.url]
@@ -227,7 +217,7 @@ def run_size(
         wait_until(every_target_up, 300, interval=2.0, what=f"{nodes} nodes scraped")
         print(f"  {nodes} nodes up in {time.time() - t0:.0f} s", flush=True)
 
-        usage = {"simulator": Usage(pid_of(simulator)),
+        usage = {"simulator": Usage(pid_of(simulator.process)),
                  "vm": Usage(pid_of(layout.victoria.process)),
                  "vmalert": Usage(pid_of(vmalert.process)),
                  "ruler": Usage(pid_of(ruler.process))}  # fmt: skip

@@ -14,7 +14,6 @@ nodes do, so that three servers scraping it leave the test's own process alone.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,17 +21,17 @@ from pathlib import Path
 import pytest
 
 from gpufleet.lab.devstack import AlertmanagerServer
-from gpufleet.lab.processes import ManagedProcess, free_port, http_get, wait_until
+from gpufleet.lab.processes import wait_until
 from gpufleet.lab.realjob import compressed_rules
 from gpufleet.lab.sharded import (
     RULERS,
     Firsts,
     ShardedLayout,
+    StoryServer,
     compare,
     expected_story,
     prometheus,
     scraped,
-    story,
 )
 from gpufleet.rules.config import RulesConfig
 
@@ -56,14 +55,8 @@ def test_the_shards_and_vmalert_fire_what_one_prometheus_fires(
 ) -> None:
     config = compressed_rules(FACTOR)
     rules = rule_files(config)
-    port, targets = free_port(), tmp_path / "targets.json"
-    simulator = ManagedProcess(
-        [sys.executable, "-m", "gpufleet", "simulate", "--scenario",
-         str(story(NODES, tmp_path / "story.yaml")), "--compress", str(FACTOR),
-         "--listen", f"127.0.0.1:{port}", "--targets-file", str(targets), "--tick", "0.5",
-         "--horizon", "1"],
-        tmp_path / "simulator.log",
-    )  # fmt: skip
+    simulator = StoryServer(tmp_path, NODES, tick=0.5, compress=FACTOR)
+    targets = simulator.targets
     manager = alertmanager_factory()  # compared here, paged nowhere
     interval = f"{INTERVAL_S:g}s"
     one = prometheus(
@@ -76,10 +69,7 @@ def test_the_shards_and_vmalert_fire_what_one_prometheus_fires(
     try:
         one.start()
         layout.start()
-        simulator.start()
-        wait_until(lambda: http_get(f"http://127.0.0.1:{port}/healthz") and targets.exists(),
-                   60, what="the simulator")  # fmt: skip
-        t0 = time.time()  # the story's clock started with the simulator's
+        t0 = simulator.start(60).started
         wait_until(
             lambda: scraped(one) == NODES and layout.scraped() == NODES,
             60,

@@ -12,6 +12,7 @@ other. The scale benchmark (bench/scale_sharded.py) and the identity test
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +26,7 @@ from gpufleet.lab.devstack import (
     VmalertServer,
     file_sd_scrape_config,
 )
-from gpufleet.lab.processes import free_port
+from gpufleet.lab.processes import ManagedProcess, free_port, http_get, wait_until
 from gpufleet.rules.config import RulesConfig
 from gpufleet.rules.sharding import (
     is_shard_local,
@@ -51,6 +52,46 @@ def story(nodes: int, path: Path, retry_minutes: float = 5.0) -> Path:
     scenario["rates"]["auto_restart_minutes_max"] = retry_minutes
     path.write_text(yaml.safe_dump(scenario))
     return path
+
+
+@dataclass
+class StoryServer:
+    """``gpufleet simulate`` serving ``story`` on ``nodes`` nodes in its own process,
+    ``compress`` times faster, updating every ``tick`` seconds; its file_sd file is
+    ``workdir/targets.json`` (``instance`` = node)."""
+
+    workdir: Path
+    nodes: int
+    tick: float
+    compress: float = 1.0
+    process: ManagedProcess | None = None
+    started: float = 0.0  # when the story's clock started (Unix time)
+
+    @property
+    def targets(self) -> Path:
+        return self.workdir / "targets.json"
+
+    def start(self, timeout: float = 120.0) -> Self:
+        port = free_port()
+        self.process = ManagedProcess(
+            [sys.executable, "-m", "gpufleet", "simulate", "--scenario",
+             str(story(self.nodes, self.workdir / "story.yaml")), "--nodes", str(self.nodes),
+             "--compress", f"{self.compress:g}", "--listen", f"127.0.0.1:{port}",
+             "--targets-file", str(self.targets), "--tick", f"{self.tick:g}", "--horizon", "1"],
+            self.workdir / "simulator.log",
+        )  # fmt: skip
+        self.process.start()
+        wait_until(
+            lambda: http_get(f"http://127.0.0.1:{port}/healthz") and self.targets.exists(),
+            timeout,
+            what="the simulator",
+        )
+        self.started = time.time()  # within a poll of the simulator's own clock
+        return self
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
 
 
 def node_name(nodes: int, index: int) -> str:
