@@ -3,8 +3,8 @@ size: 64 simulated nodes, the demo's story with a slow retry (a straggler, a che
 storm, an XID 79 with its lost GPU, the job hung until the retry), one Prometheus with
 every rule file beside two hashmod shards remote-writing into VictoriaMetrics, where
 vmalert evaluates the global files. Both must fire exactly the story's alerts, for the
-same nodes, each first seen within one evaluation interval of the other plus the global
-side's known lag.
+same nodes; with the Prometheus ruler, the median alert first seen within one evaluation
+interval of one Prometheus plus the global side's known lag.
 
 bench/scale_sharded.py runs the same story uncompressed at up to 2,048 nodes x 8 GPUs.
 Here time is compressed 5x (``gpufleet simulate --compress``, rules from
@@ -100,10 +100,14 @@ def test_the_shards_and_vmalert_fire_what_one_prometheus_fires(
     # The Prometheus ruler: its groups tick in step with one Prometheus's (same names and
     # files), but a sample sent just after an evaluation waits for the next one, and a
     # chain over several groups can meet that twice: two intervals, the send deadline,
-    # and a poll on each side (measured: 4 s, 2 intervals). vmalert's lag is of another
-    # kind (below).
+    # and a poll on each side (measured: 4 s, 2 intervals). That bounds the median alert;
+    # each alert gets 15 intervals, for a machine busy with more than this test: a CI run
+    # once saw one shard see the XID 12 s late, and every other alert on time. vmalert's
+    # lag is of another kind (below).
     allowed = 2 * INTERVAL_S + SEND_S + 2 * POLL_S
-    identical, lines = compare(firsts["one"].seen, firsts["prometheus"].seen, expected, allowed)
+    identical, lines = compare(
+        firsts["one"].seen, firsts["prometheus"].seen, expected, allowed, each_s=15 * INTERVAL_S
+    )
     print("\nshards + a Prometheus ruler:\n" + "\n".join(lines))
     assert identical, "\n".join(lines)
     # vmalert: the same alerts; each link of a chain of recording rules waits for its

@@ -268,10 +268,16 @@ class Firsts:
 
 def compare(
     one: dict[AlertKey, float], sharded: dict[AlertKey, float], expected: set[AlertKey],
-    allowed_s: float,
+    allowed_s: float, each_s: float | None = None,
 ) -> tuple[bool, list[str]]:  # fmt: skip
-    """Do the two set-ups fire exactly ``expected``, each alert first seen within
-    ``allowed_s`` of the other? With a line per alert: when each first fired."""
+    """Do the two set-ups fire exactly ``expected``, the median alert first seen within
+    ``allowed_s`` of the other and every alert within ``each_s`` (default ``allowed_s``)?
+    With a line per alert: when each first fired.
+
+    A looser ``each_s`` is for a machine that is busy with more than the set-ups: a
+    server starved for a few evaluations delays the one alert due then, where a layout
+    that reads its inputs late delays them all, and moves the median."""
+    each_s = allowed_s if each_s is None else each_s
     lines = ["alerts first seen firing (s after the start): one Prometheus | sharded"]
     for key in sorted(set(one) | set(sharded), key=lambda k: one.get(k, sharded.get(k, 0.0))):
         a, b = one.get(key), sharded.get(key)
@@ -281,11 +287,15 @@ def compare(
             f"  {key[0]:30} {key[1]:10} {'-' if a is None else f'{a:.0f}':>6} | "
             f"{'-' if b is None else f'{b:.0f}':>6}{gap}{mark}"
         )
-    gaps = [abs(sharded[key] - one[key]) for key in expected if key in one and key in sharded]
+    gaps = sorted(abs(sharded[key] - one[key]) for key in expected if key in one and key in sharded)
     same = set(one) == set(sharded) == expected
-    in_time = len(gaps) == len(expected) and max(gaps) <= allowed_s
+    median = gaps[len(gaps) // 2] if gaps else float("nan")
+    in_time = len(gaps) == len(expected) and median <= allowed_s and gaps[-1] <= each_s
+    bounds = f"allowed {allowed_s:g} s" if each_s == allowed_s else (
+        f"allowed: median {allowed_s:g} s, each {each_s:g} s"
+    )  # fmt: skip
     lines.append(
-        f"identical: {same}; largest gap {max(gaps, default=float('nan')):.1f} s "
-        f"(allowed {allowed_s:g} s)"
+        f"identical: {same}; median gap {median:.1f} s, largest "
+        f"{max(gaps, default=float('nan')):.1f} s ({bounds})"
     )
     return same and in_time, lines
