@@ -102,8 +102,12 @@ test-containers: venv prometheus3 deploy-tools docker-packages
 container-images: docker-packages prometheus3
 	$(SUDO) $(PYTHON) deploy/compose/local-images/build.py
 
+# Two workers, a test file each at a time (its module fixtures start once): most of the
+# suite waits on servers and alert windows, not on the CPU. PYTEST_WORKERS=0 runs it in
+# one process.
+PYTEST_WORKERS ?= 2
 pytest: venv
-	$(PY) -m pytest
+	$(PY) -m pytest $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
 
 # The documentation site from docs/ (mkdocs.yml): --strict fails on a broken link or anchor
 # and on a page left out of the nav; build/ is git-ignored.

@@ -39,6 +39,7 @@ from gpufleet.gpu.fake import FakeNvml
 from gpufleet.gpu.fixture import bundled_fixture
 from gpufleet.lab.devstack import AlertmanagerServer, PrometheusServer
 from gpufleet.lab.processes import (
+    PORT_RANGE_VARIABLE,
     PROMETHEUS3_BIN,
     PROMETHEUS_MAJOR_VARIABLE,
     PROMETHEUS_MAJORS,
@@ -65,6 +66,18 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         'prometheus(*majors): run once per Prometheus major listed ("2", "3"); default "3"',
     )
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ... under pytest -n
+    if worker.startswith("gw"):
+        os.environ[PORT_RANGE_VARIABLE] = worker_ports(int(worker[2:]))
+
+
+def worker_ports(index: int, block: int = 2000) -> str:
+    """Parallel worker ``index``'s own ports for its servers, below the kernel's
+    ephemeral range (where outgoing connections take their source ports)."""
+    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    low = ephemeral_low - block * (index + 1)
+    assert low >= 10000, f"too many parallel workers for ports below {ephemeral_low}"
+    return f"{low}-{low + block - 1}"
 
 
 def majors_of(node: pytest.Item | pytest.Function | Any) -> tuple[str, ...]:
@@ -109,6 +122,28 @@ def fetch_prometheus3() -> None:
         from deploy_tools import unavailable
 
         unavailable(f"`make prometheus3` could not fetch Prometheus 3:\n{result.stderr[-2000:]}")
+
+
+# The longest files (over a minute each, most of it waiting on alert windows), started
+# first: make test runs files on two workers (Makefile), and one of these begun last
+# would leave the other worker idle through it. Longest first; the rest keep their order.
+LONGEST_FILES = (
+    "test_real_pytorch.py",
+    "test_dcgm_live.py",
+    "test_rules.py",
+    "test_demo_story.py",
+    "test_simulate_hbm_pages.py",
+    "test_scale_identity.py",
+    "test_parallel_layout.py",
+    "test_rules_live.py",
+    "test_detect.py",
+    "test_detect_materialize.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
 @pytest.hookimpl(tryfirst=True)

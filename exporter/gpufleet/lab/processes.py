@@ -7,9 +7,11 @@ The servers built on these (Prometheus, Alertmanager, VictoriaMetrics, vmalert) 
 
 from __future__ import annotations
 
+import collections
 import http.client
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -89,7 +91,27 @@ def find_binary(name: str) -> str:
     return found
 
 
+# "LOW-HIGH": free_port picks from these ports alone (the test suite gives each of its
+# parallel workers its own block below the kernel's ephemeral range, so that a port one
+# worker picked and has not yet bound is neither another worker's pick nor the source
+# port of some outgoing connection).
+PORT_RANGE_VARIABLE = "GPUFLEET_LAB_PORTS"
+_handed_out: collections.deque[int] = collections.deque(maxlen=256)  # not bound yet, maybe
+
+
 def free_port() -> int:
+    """A port on 127.0.0.1 that was free a moment ago, for a server about to bind it."""
+    block = os.environ.get(PORT_RANGE_VARIABLE)
+    if block:
+        low_text, _, high_text = block.partition("-")
+        low, high = int(low_text), int(high_text)
+        start = random.randrange(low, high + 1)
+        candidates: list[int] = [*range(start, high + 1), *range(low, start)]
+        for candidate in candidates:
+            if candidate not in _handed_out and port_is_free(candidate):
+                _handed_out.append(candidate)
+                return candidate
+        raise RuntimeError(f"no free port left in {PORT_RANGE_VARIABLE}={block}")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
