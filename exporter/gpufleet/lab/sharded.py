@@ -44,10 +44,17 @@ AlertKey = tuple[str, str]  # (alert name, node or else training job)
 
 def story(nodes: int, path: Path, retry_minutes: float = 5.0) -> Path:
     """The demo scenario on ``nodes`` nodes, its automatic retry ``retry_minutes`` after
-    the failure (the demo's 75 s is inside the hung-job alert's 2 minutes)."""
+    the failure (the demo's 75 s is inside the hung-job alert's 2 minutes).
+
+    The shared storage grows with the cluster, one request slot per node as the demo's
+    64 on 64 nodes, so that the checkpoint storm takes as long at every size (32 s, most
+    of it queued). On the demo's 64 slots 2,048 nodes would write for 17 minutes: the
+    job would not step (no straggler to see), its checkpoint would not end before the
+    XID (no queue wait counted) and it would never look hung (a checkpoint in flight)."""
     scenario = yaml.safe_load(DEMO.read_text())
     scenario["name"] = f"sharded-story-{nodes}"
     scenario["cluster"]["nodes"] = nodes
+    scenario["cluster"]["storage_slots"] = nodes
     scenario["rates"]["auto_restart_minutes_min"] = retry_minutes
     scenario["rates"]["auto_restart_minutes_max"] = retry_minutes
     path.write_text(yaml.safe_dump(scenario))

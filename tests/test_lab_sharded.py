@@ -1,9 +1,17 @@
-"""lab.sharded.compare, the verdict of the scale identity check and its bench: the same
-alerts for the same nodes, the median within the tight bound and each within the loose."""
+"""lab.sharded: compare, the verdict of the scale identity check and its bench (the same
+alerts for the same nodes, the median within the tight bound and each within the loose),
+and the story both run, whose checkpoint storm must last as long at every size."""
 
 from __future__ import annotations
 
-from gpufleet.lab.sharded import compare
+import time
+from pathlib import Path
+
+import pytest
+
+from gpufleet.lab.sharded import compare, story
+from gpufleet.simulate.cluster import Cluster
+from gpufleet.simulate.config import load_scenario
 
 EXPECTED = {("A", "node-1"), ("B", "node-2"), ("C", "job"), ("D", "node-3"), ("E", "job")}
 ONE = {key: 10.0 * i for i, key in enumerate(sorted(EXPECTED))}
@@ -37,3 +45,24 @@ def test_an_alert_later_than_the_loose_bound_fails() -> None:
     sharded = dict(ONE)
     sharded[("E", "job")] += 31.0
     assert not compare(ONE, sharded, EXPECTED, 7.0, each_s=30.0)[0]
+
+
+def checkpoint_windows(nodes: int, tmp_path: Path) -> list[tuple[float, float, float]]:
+    """(duration, queue wait, service) of each checkpoint of the story on ``nodes``."""
+    scenario = load_scenario(str(story(nodes, tmp_path / f"story-{nodes}.yaml")))
+    cluster = Cluster(scenario, 0, time.time(), 3600.0)
+    return [
+        (window.end - window.start, *(float(part) for part in window.reason.split(":")))
+        for window in cluster.timeline.checkpoints
+    ]
+
+
+def test_the_storys_checkpoint_storm_lasts_as_long_at_2048_nodes_as_at_64(
+    tmp_path: Path,
+) -> None:
+    small, large = checkpoint_windows(64, tmp_path), checkpoint_windows(2048, tmp_path)
+    assert len(small) == len(large) >= 1
+    (duration, queue, service), *_ = small
+    assert queue > service > 0  # a storm: most of the write is queue wait
+    assert large[0] == pytest.approx(small[0])
+    assert duration < 60  # over before the straggler's and the XID's pages are due
