@@ -373,7 +373,8 @@ def main() -> int:
     print(
         f"largest_nodes={largest['nodes']} "
         f"single_eval_ms_per_15s={single.get('eval_s_per_15s', float('nan')) * 1000:.0f} "
-        f"eval_ms_per_512_nodes_median={statistics.median(eval_512) * 1000:.0f} "
+        f"eval_ms_per_512_nodes_median="
+        f"{statistics.median(eval_512) * 1000 if eval_512 else float('nan'):.0f} "
         f"global_ruler_ms_per_15s={largest['ruler']['eval_s_per_15s'] * 1000:.0f} "
         f"vmalert_ms_per_15s={largest['vmalert']['eval_s_per_15s'] * 1000:.0f} "
         f"series_per_node={single.get('series', float('nan')) / largest['nodes']:.0f} "
