@@ -116,6 +116,7 @@ def live(nodes: int, minutes: float, workdir: Path, rules_dir: Path = RULES) -> 
         print(f"  head series {series:,.0f} ({series / nodes:,.0f} per node incl. recorded)")
         if memory:
             print(f"  Prometheus RSS {float(memory[0]['value'][1]) / 2**20:,.0f} MiB")
+        series_by_name(prometheus, nodes)
         print(
             f"sim_live_cpu_percent={cpu / wall * 100:.1f} "
             f"rule_eval_ms_per_15s={amortized * 1000:.0f} series_per_node={series / nodes:.0f}"
@@ -123,6 +124,18 @@ def live(nodes: int, minutes: float, workdir: Path, rules_dir: Path = RULES) -> 
     finally:
         prometheus.stop()
         simulator.stop()
+
+
+def series_by_name(prometheus: PrometheusServer, nodes: int, top: int = 12) -> None:
+    """Print the series per node that rules record, and the largest metric names."""
+    counts = prometheus.query('count by (__name__) ({__name__=~".+"})') or []
+    by_name = sorted(
+        ((float(s["value"][1]), s["metric"]["__name__"]) for s in counts), reverse=True
+    )
+    recorded = sum(count for count, name in by_name if ":" in name)
+    print(f"  recorded series {recorded:,.0f} ({recorded / nodes:,.1f} per node); largest names:")
+    for count, name in by_name[:top]:
+        print(f"    {name:60} {count / nodes:6.1f} per node")
 
 
 def rule_costs(prometheus: PrometheusServer) -> float:
