@@ -37,7 +37,7 @@ def rule_files(config: RulesConfig | None = None) -> list[RuleFile]:
                 xid_catalogue_group(),
                 gpu_counters(config),
                 gpu_recording(config),
-                gpu_alerts(config),
+                *gpu_alerts(config),
             ],
         ),
         RuleFile("node", [health_recording(config), node_alerts(config)]),

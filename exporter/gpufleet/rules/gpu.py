@@ -257,7 +257,7 @@ def _recovery(series: GpuSeries, urgency: str) -> str:
     )
 
 
-def gpu_alerts(config: RulesConfig) -> RuleGroup:
+def gpu_alerts(config: RulesConfig) -> list[RuleGroup]:
     sel = config.gpu_selector
     series = GpuSeries.of(config)
     xid = series.xid_new
@@ -298,7 +298,7 @@ def gpu_alerts(config: RulesConfig) -> RuleGroup:
     pcie = risen_series(config, "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "pcie_window")
     # every GPU that reports a recovery action, NONE included: a point lookup, not a record
     recovery = " or ".join(metric(name, sel) for name in RECOVERY_ACTION_METRICS)
-    rules: list[Record | Alert] = [
+    rules: list[Alert] = [
         Alert(
             AlertName.CRITICAL_XID,
             # 154 pages here only on GPUs that report no recovery action: where one is
@@ -440,16 +440,39 @@ def gpu_alerts(config: RulesConfig) -> RuleGroup:
             config.gpu_missing_for,
         ),
     ]
-    return RuleGroup("gpufleet-gpu-alerts", [_with_attribution(config, rule) for rule in rules])
+    # Two groups (a group holds at most 20 rules): the XIDs, recovery actions and memory
+    # errors; then links, clocks and GPUs gone. Each alert right after its condition.
+    split = rules.index(next(r for r in rules if r.alert == AlertName.NVLINK_ERRORS))
+    return [
+        RuleGroup(name, [part for rule in chunk for part in _with_attribution(config, rule)])
+        for name, chunk in (
+            ("gpufleet-gpu-alerts", rules[:split]),
+            ("gpufleet-gpu-device-alerts", rules[split:]),
+        )
+    ]
 
 
-def _with_attribution(config: RulesConfig, rule: Record | Alert) -> Record | Alert:
+def _with_attribution(config: RulesConfig, rule: Alert) -> list[Record | Alert]:
     """A per-GPU alert (one that names a GPU) with the pod, Slurm job and tenant on the
-    GPU as labels and in its description; per-node alerts stay as they are."""
-    if not isinstance(rule, Alert) or not rule.description.startswith(GPU_WHO):
-        return rule
-    return replace(
-        rule,
-        expr=attributed(config, rule.alert, rule.expr),
-        description=GPU_WHO + ATTRIBUTION_WHO + rule.description.removeprefix(GPU_WHO),
-    )
+    GPU as labels and in its description; per-node alerts stay as they are.
+
+    The condition is recorded first, in the same group (so at the same evaluation time),
+    and the alert reads it: the attribution reads the condition three times, and a
+    condition that scans every GPU (a lost GPU, a pending remap) would cost three scans.
+    The record holds only the GPUs where the condition is true: a handful of series."""
+    if not rule.description.startswith(GPU_WHO):
+        return [rule]
+    condition = alert_condition(rule.alert)
+    return [
+        Record(condition, rule.expr),
+        replace(
+            rule,
+            expr=attributed(config, rule.alert, condition),
+            description=GPU_WHO + ATTRIBUTION_WHO + rule.description.removeprefix(GPU_WHO),
+        ),
+    ]
+
+
+def alert_condition(alert: AlertName) -> str:
+    """The series that holds a per-GPU alert's condition, before its attribution."""
+    return f"gpu:{alert}:condition"
