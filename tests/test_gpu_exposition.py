@@ -93,13 +93,17 @@ def test_gpufleet_families_beyond_dcgm(fake_nvml: FakeNvml) -> None:
     assert {s.labels["gpu"]: s.value for s in samples["gpufleet_gpu_up"]} == {
         str(i): 1.0 for i in range(8)
     }
+    # a flag only for a reason in effect: GPU 3 at its power cap, the others unthrottled
     throttled = {
-        (s.labels["gpu"], s.labels["reason"])
+        (s.labels["gpu"], s.labels["reason"], s.value)
         for s in samples["gpufleet_gpu_clock_throttle_active"]
-        if s.value == 1
     }
-    assert throttled == {("3", "sw_power_cap")}
-    assert len(samples["gpufleet_gpu_clock_throttle_active"]) == 8 * len(cat.THROTTLE_REASON_BITS)
+    assert throttled == {("3", "sw_power_cap", 1.0)}
+    bitmask = {s.labels["gpu"]: s.value for s in samples["DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"]}
+    assert bitmask["3"] == dict(cat.THROTTLE_REASON_BITS)["sw_power_cap"]
+    assert {gpu: value for gpu, value in bitmask.items() if gpu != "3"} == {
+        str(i): 0.0 for i in range(8) if i != 3
+    }
     info = samples["gpufleet_gpu_info"][0].labels
     assert info["driver_version"] == "570.86.15"
     assert info["cuda_driver_version"] == "12.8"
@@ -213,7 +217,8 @@ def test_series_per_h100_node(fake_nvml: FakeNvml) -> None:
     issue 34; +8 each for the 4.x clock-event name, the bare-metal vGPU license status
     and the NVLink data ECC total, and +4 gpufleet_gpu_fields_unsupported rows (the
     five NVLink5 counters in place of the vGPU license); +1 row for the NVLink fabric
-    NVML has none of on this node (issue 37)."""
+    NVML has none of on this node (issue 37); the 72 throttle flags (nine reasons on
+    eight GPUs) down to those in effect, one here (GPU 3 at its power cap; issue 40)."""
     body = render(gpu_families(snapshot_of(fake_nvml))).decode()
     series = [line for line in body.splitlines() if line and not line.startswith("#")]
-    assert len(series) == 398 + 3 * 8 + 4 + 1
+    assert len(series) == 398 + 3 * 8 + 4 + 1 - 9 * 8 + 1

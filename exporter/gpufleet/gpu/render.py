@@ -92,15 +92,17 @@ def gpu_families(
                         family.add(labels, value)
             families.append(family)
 
+        # A flag only for the reasons in effect (value 1): nine reasons on every GPU,
+        # mostly 0, were 72 of a node's series; the bitmask above holds them all.
         throttle = _family(cat.THROTTLE_ACTIVE)
         for reading in snapshot.gpus:
-            if not reading.up or reading.clock_event_reasons is None:
+            if not reading.up or not reading.clock_event_reasons:
                 continue
             gpu = series[reading.identity.key]
             for reason, bit in cat.THROTTLE_REASON_BITS:
-                active = 1.0 if reading.clock_event_reasons & bit else 0.0
-                for labels in gpu.ours((("reason", reason),)):
-                    throttle.add(labels, active)
+                if reading.clock_event_reasons & bit:
+                    for labels in gpu.ours((("reason", reason),)):
+                        throttle.add(labels, 1.0)
         families.append(throttle)
 
     # gpu_up, gpu_info and the XID families are the GPU's: a MIG instance is not a GPU

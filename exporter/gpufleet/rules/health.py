@@ -29,10 +29,15 @@ def health_recording(config: RulesConfig) -> RuleGroup:
         Record(f"{HEALTH_SIGNAL}{name}", f"max by (node) ({expr}) * 0 + {weight}")
         for name, expr in signals.items()
     ]
+    # The agent exports a reason's flag only while it is in effect: the share of the
+    # window's scrapes that carried it, out of the GPU's own (gpufleet_gpu_up, every scrape).
+    w = config.health_throttle_window
+    scrapes = f"max by (UUID) (count_over_time({metric('gpufleet_gpu_up', sel)}[{w}]))"
     rules.append(
         Record(
             f"{HEALTH_SIGNAL}sw_throttle",
-            f"max by (node) ({with_node(f'avg_over_time({throttle}[{config.health_throttle_window}]) >= {config.health_throttle_share}', config.node_labels)}) * 0 + {weight}",
+            f"max by (node) (\n  {with_node(f'count_over_time({throttle}[{w}])', config.node_labels)}\n"
+            f"  / on (UUID) group_left () {scrapes}\n  >= {config.health_throttle_share}\n) * 0 + {weight}",
         )
     )
     rules.append(

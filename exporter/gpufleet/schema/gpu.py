@@ -255,7 +255,8 @@ THROTTLE_REASON_BITS: tuple[tuple[str, int], ...] = (
 # The families DCGM has no field for, under the gpufleet_ prefix.
 THROTTLE_ACTIVE = _g(
     "gpufleet_gpu_clock_throttle_active",
-    "1 while the GPU's clocks are held down for this reason (one series per reason).",
+    "1 while the GPU's clocks are held down for this reason: a series only for the "
+    "reasons in effect (the clock-event bitmask holds every bit).",
     "reason",
 )
 GPU_UP = _g(
