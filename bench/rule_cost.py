@@ -6,6 +6,14 @@ time: both see the same data and the same contention, so their ratio is fair eve
 a busy machine. Every 15 s each server's rule groups and rules are read from its API;
 the figures are medians over the polls, groups at longer intervals amortized to 15 s.
 
+Prometheus starts each group at an offset within its interval hashed from the group's
+name and file path: two servers loading the same rules from two folders evaluate them
+at different moments, and on a busy machine that alone moved one group's median by 2x
+between identical rule sets. So both load their rules through one path (a link switched
+to each folder before its server starts): the same group runs at the same moment on
+both, and they share the machine alike. Each server's CPU seconds over the run are
+printed too: unlike evaluation times, they do not grow when the machine is busy.
+
     python bench/rule_cost.py --before OLD/alerts [--after alerts] [--nodes 512] [--minutes 3]
     python bench/rule_cost.py --before OLD/alerts --warm-hours 2
 
@@ -22,6 +30,7 @@ import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 from gpufleet.lab.devstack import PrometheusServer, file_sd_scrape_config
 from gpufleet.lab.processes import ManagedProcess, backfill, free_port, http_get, wait_until
@@ -38,6 +47,31 @@ def rule_files(rules_dir: Path) -> list[str]:
     return rules
 
 
+def start_all(dirs: dict[str, Path], workdir: Path, make: Any) -> dict[str, PrometheusServer]:
+    """One server per rule folder, each loading its rules through the same path (see the
+    module's docstring); ``make(label, rule_files)`` builds an unstarted server."""
+    link = workdir / "rules"
+    servers: dict[str, PrometheusServer] = {}
+    for label, rules_dir in dirs.items():
+        link.unlink(missing_ok=True)
+        link.symlink_to(rules_dir.resolve(), target_is_directory=True)
+        files = [str(link / Path(path).name) for path in rule_files(rules_dir)]
+        server = make(label, files)
+        servers[label] = server
+        server.start(timeout=300)
+        # loaded at start-up: the link may move on once the server lists every group
+        wait_until(lambda s=server: s.api("rules")["groups"], 60, what=f"{label}'s rules")
+    return servers
+
+
+def cpu_seconds(server: PrometheusServer) -> float:
+    """The server's own process_cpu_seconds_total (it does not scrape itself)."""
+    for line in http_get(f"{server.url}/metrics", timeout=10.0).decode().splitlines():
+        if line.startswith("process_cpu_seconds_total "):
+            return float(line.split()[1])
+    raise RuntimeError("process_cpu_seconds_total not found")
+
+
 class Costs:
     """Each poll's group durations and rule evaluation times of one Prometheus."""
 
@@ -46,6 +80,7 @@ class Costs:
         self.rules: dict[str, list[float]] = defaultdict(list)
         self.interval: dict[str, float] = {}
         self._seen: dict[str, str] = {}
+        self.cpu_per_15s = 0.0  # the server's CPU seconds (rules, scrapes, all) per 15 s
 
     def poll(self, prometheus: PrometheusServer) -> None:
         for group in prometheus.api("rules")["groups"]:
@@ -74,11 +109,16 @@ class Costs:
 
 def measure(servers: dict[str, PrometheusServer], minutes: float) -> dict[str, Costs]:
     costs = {label: Costs() for label in servers}
-    deadline = time.monotonic() + minutes * 60
+    cpu = {label: cpu_seconds(server) for label, server in servers.items()}
+    started = time.monotonic()
+    deadline = started + minutes * 60
     while time.monotonic() < deadline:
         for label, server in servers.items():
             costs[label].poll(server)
         time.sleep(15)
+    wall = time.monotonic() - started
+    for label, server in servers.items():
+        costs[label].cpu_per_15s = (cpu_seconds(server) - cpu[label]) / wall * 15
     return costs
 
 
@@ -98,7 +138,11 @@ def report(costs: dict[str, Costs], servers: dict[str, PrometheusServer], nodes:
         )  # fmt: skip
         print(f"  {name + f' ({interval:.0f} s)':40}{cells}")
     totals = {lab: costs[lab].per_15s() for lab in labels}
-    print(f"  {'per 15 s, amortized':40}" + "".join(f"{totals[lab] * 1000:11.0f} ms" for lab in labels))
+    amortized = "".join(f"{totals[lab] * 1000:11.0f} ms" for lab in labels)
+    print(f"  {'per 15 s, amortized':40}{amortized}")
+    cpu = {lab: costs[lab].cpu_per_15s for lab in labels}
+    print(f"  {'server CPU per 15 s (rules, scrapes, all)':40}"
+          + "".join(f"{cpu[lab] * 1000:11.0f} ms" for lab in labels))  # fmt: skip
     rules = sorted(
         {name for c in costs.values() for name in c.rules},
         key=lambda n: -max(c.rule_median(n) for c in costs.values()),
@@ -116,7 +160,9 @@ def report(costs: dict[str, Costs], servers: dict[str, PrometheusServer], nodes:
         ratio = totals[labels[1]] / totals[labels[0]]
         print(
             f"rule_eval_ms_per_15s_{labels[0]}={totals[labels[0]] * 1000:.0f} "
-            f"rule_eval_ms_per_15s_{labels[1]}={totals[labels[1]] * 1000:.0f} ratio={ratio:.2f}"
+            f"rule_eval_ms_per_15s_{labels[1]}={totals[labels[1]] * 1000:.0f} ratio={ratio:.2f} "
+            f"cpu_ms_per_15s_{labels[0]}={cpu[labels[0]] * 1000:.0f} "
+            f"cpu_ms_per_15s_{labels[1]}={cpu[labels[1]] * 1000:.0f}"
         )
 
 
@@ -134,14 +180,13 @@ def live(dirs: dict[str, Path], nodes: int, minutes: float, workdir: Path) -> No
     try:
         wait_until(lambda: http_get(f"http://127.0.0.1:{port}/healthz") and targets.exists(), 60,
                    what="simulator")  # fmt: skip
-        for label, rules_dir in dirs.items():
-            servers[label] = PrometheusServer(
-                workdir / f"prometheus-{label}",
-                scrape_configs=[file_sd_scrape_config("gpufleet-agent", targets, refresh="5s")],
-                rule_files=rule_files(rules_dir),
-                scrape_interval="15s",
-                evaluation_interval="15s",
-            ).start()
+        servers.update(start_all(dirs, workdir, lambda label, files: PrometheusServer(
+            workdir / f"prometheus-{label}",
+            scrape_configs=[file_sd_scrape_config("gpufleet-agent", targets, refresh="5s")],
+            rule_files=files,
+            scrape_interval="15s",
+            evaluation_interval="15s",
+        )))  # fmt: skip
         for server in servers.values():
             server.wait_for_targets_up(nodes, timeout=180)
         time.sleep(45)  # every target in its scrape slot, the 60 s groups evaluated once
@@ -165,18 +210,17 @@ def warm(dirs: dict[str, Path], nodes: int, hours: float, minutes: float, workdi
     shutil.rmtree(workdir / "warm-history")
     servers: dict[str, PrometheusServer] = {}
     try:
-        for label, rules_dir in dirs.items():
-            copy = workdir / f"tsdb-{label}"
-            shutil.copytree(tsdb, copy)
-            servers[label] = PrometheusServer(
-                workdir / f"prometheus-{label}",
-                storage_path=copy,
-                scrape_configs=[],
-                rule_files=rule_files(rules_dir),
-                scrape_interval="15s",
-                evaluation_interval="15s",
-                extra_args=["--storage.tsdb.retention.time=30d"],
-            ).start(timeout=300)
+        for label in dirs:
+            shutil.copytree(tsdb, workdir / f"tsdb-{label}")
+        servers.update(start_all(dirs, workdir, lambda label, files: PrometheusServer(
+            workdir / f"prometheus-{label}",
+            storage_path=workdir / f"tsdb-{label}",
+            scrape_configs=[],
+            rule_files=files,
+            scrape_interval="15s",
+            evaluation_interval="15s",
+            extra_args=["--storage.tsdb.retention.time=30d"],
+        )))  # fmt: skip
         time.sleep(20)
         print(f"\nwarm: {nodes} nodes x 8 GPUs, {hours:g} h backfilled ({result.samples:,} "
               f"samples, imported in {imported:.0f} s), {minutes:g} min, "
@@ -194,8 +238,12 @@ def main() -> int:
     parser.add_argument("--after", type=Path, default=RULES, help="default: alerts/")
     parser.add_argument("--nodes", type=int, default=512)
     parser.add_argument("--minutes", type=float, default=3.0)
-    parser.add_argument("--warm-hours", type=float, default=0.0,
-                        help="evaluate over a backfilled history instead of a live cluster")  # fmt: skip
+    parser.add_argument(
+        "--warm-hours",
+        type=float,
+        default=0.0,
+        help="evaluate over a backfilled history instead of a live cluster",
+    )
     args = parser.parse_args()
     dirs = {"before": args.before, "after": args.after}
     for path in dirs.values():
