@@ -181,7 +181,8 @@ def gpu_recording(config: RulesConfig) -> RuleGroup:
     throttle = metric("gpufleet_gpu_clock_throttle_active", sel)
     # dcgm-exporter has only the bitmask; GPUs with gpufleet's agent have a flag per reason
     dcgm_reasons = series.dcgm_reasons
-    bitmasks = " or ".join(metric(name, sel) for name in THROTTLE_BITMASKS)
+    # each filtered before the union: the union of every GPU's two names costs more
+    throttled = " or ".join(f"{metric(name, sel)} > 0" for name in THROTTLE_BITMASKS)
     bits = "\n  or ".join(
         f'label_replace(\n    ({throttle.rstrip("}")}, reason="{reason}"}} == 1)\n'
         f"    or (floor({dcgm_reasons} / {value}) % 2 == 1),\n"
@@ -194,7 +195,7 @@ def gpu_recording(config: RulesConfig) -> RuleGroup:
     rules: list[Record | Alert] = [
         # first: the alerts and the records below read the attribution
         *attribution_records(config),
-        Record(dcgm_reasons, f"({bitmasks}) > 0 unless on (UUID) {agent_gpus}"),
+        Record(dcgm_reasons, f"({throttled}) unless on (UUID) {agent_gpus}"),
         # A new XID is a last value that changed within the window, per GPU (UUID), never
         # per label set: pod / namespace / container labels change with every workload.
         # A GPU first scraped (a new node, a rollout, a gap longer than the window) shows
