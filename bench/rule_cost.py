@@ -14,10 +14,12 @@ to each folder before its server starts): the same group runs at the same moment
 both, and they share the machine alike. Each server's CPU seconds over the run are
 printed too: unlike evaluation times, they do not grow when the machine is busy.
 
-    python bench/rule_cost.py --before OLD/alerts [--after alerts] [--nodes 512] [--minutes 3]
+    python bench/rule_cost.py --before REV [--after alerts] [--nodes 512] [--minutes 3]
     python bench/rule_cost.py --before OLD/alerts --warm-hours 2
 
-OLD is another checkout (``git worktree add /tmp/old <commit>``).
+``--before`` is a folder of rule files or a git revision of this repository, whose
+``alerts/*.rules.yaml`` are taken (``git show``). The cluster is the current code's
+simulator for both: the figures compare the rules, not what the agent exports.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -232,9 +235,32 @@ def warm(dirs: dict[str, Path], nodes: int, hours: float, minutes: float, workdi
             server.stop()
 
 
+def rules_of(before: str, workdir: Path) -> Path:
+    """``before`` as a folder of rule files: itself, or a revision's ``alerts/``."""
+    if Path(before).is_dir():
+        return Path(before)
+    repo = RULES.parent
+    listed = subprocess.run(
+        ["git", "-C", str(repo), "ls-tree", "--name-only", before, "alerts/"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    names = [name for name in listed.stdout.split() if name.endswith(".rules.yaml")]
+    if listed.returncode or not names:
+        raise SystemExit(f"--before {before}: neither a folder nor a revision with alerts/")
+    folder = workdir / "before-rules"
+    folder.mkdir()
+    for name in names:
+        text = subprocess.run(
+            ["git", "-C", str(repo), "show", f"{before}:{name}"],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        (folder / Path(name).name).write_text(text)
+    return folder
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--before", type=Path, required=True, help="the old rules' folder")
+    parser.add_argument("--before", required=True, help="the old rules' folder, or a revision")
     parser.add_argument("--after", type=Path, default=RULES, help="default: alerts/")
     parser.add_argument("--nodes", type=int, default=512)
     parser.add_argument("--minutes", type=float, default=3.0)
@@ -245,11 +271,11 @@ def main() -> int:
         help="evaluate over a backfilled history instead of a live cluster",
     )
     args = parser.parse_args()
-    dirs = {"before": args.before, "after": args.after}
-    for path in dirs.values():
-        rule_files(path)
     workdir = Path(tempfile.mkdtemp(prefix="gpufleet-bench-rules-"))
     try:
+        dirs = {"before": rules_of(args.before, workdir), "after": args.after}
+        for path in dirs.values():
+            rule_files(path)
         if args.warm_hours:
             warm(dirs, args.nodes, args.warm_hours, args.minutes, workdir)
         else:

@@ -44,6 +44,13 @@ BENCHES: list[tuple[str, str, list[str], list[str] | None]] = [
         ["--skip-history", "--live-nodes", "512", "--warm-hours", "7"],
         None,
     ),
+    (
+        # the rules of 2026-12-06, before issue 40's cuts, beside today's (same cluster)
+        "rule cost, side by side (512 nodes)",
+        "rule_cost.py",
+        ["--before", "8691168", "--nodes", "512", "--minutes", "8"],
+        ["--before", "8691168", "--nodes", "64", "--minutes", "2"],
+    ),
     ("detection (quick)", "detect.py", ["--quick"], ["--quick"]),
     (
         "fail-slow on real PyTorch (DDP, gloo)",
