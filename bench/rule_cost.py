@@ -67,12 +67,16 @@ def start_all(dirs: dict[str, Path], workdir: Path, make: Any) -> dict[str, Prom
     return servers
 
 
-def cpu_seconds(server: PrometheusServer) -> float:
-    """The server's own process_cpu_seconds_total (it does not scrape itself)."""
+def own_metric(server: PrometheusServer, name: str) -> float:
+    """One of the server's own metrics, from its /metrics (it does not scrape itself)."""
     for line in http_get(f"{server.url}/metrics", timeout=10.0).decode().splitlines():
-        if line.startswith("process_cpu_seconds_total "):
+        if line.startswith(f"{name} "):
             return float(line.split()[1])
-    raise RuntimeError("process_cpu_seconds_total not found")
+    raise RuntimeError(f"{name} not found on {server.url}/metrics")
+
+
+def cpu_seconds(server: PrometheusServer) -> float:
+    return own_metric(server, "process_cpu_seconds_total")
 
 
 class Costs:
@@ -155,10 +159,9 @@ def report(costs: dict[str, Costs], servers: dict[str, PrometheusServer], nodes:
         cells = "".join(f"{costs[lab].rule_median(name) * 1000:11.1f} ms" for lab in labels)
         print(f"    {name:58}{cells}")
     for label, server in servers.items():
-        head = server.query("prometheus_tsdb_head_series") or []
-        if head:
-            series = float(head[0]["value"][1])
-            print(f"  {label}: head series {series:,.0f} ({series / nodes:.0f} per node)")
+        series = own_metric(server, "prometheus_tsdb_head_series")
+        per_node = f"{series / nodes:.1f} per node, recorded included"
+        print(f"  {label}: head series {series:,.0f} ({per_node})")
     if len(labels) == 2 and totals[labels[0]]:
         ratio = totals[labels[1]] / totals[labels[0]]
         print(
