@@ -13,11 +13,12 @@ names when several pods share a GPU, and why an alert keeps the pod it started w
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from gpufleet.rules.common import Record, SeriesNames, metric, with_node
+from gpufleet.rules.common import GPU_WHO, Alert, Record, SeriesNames, metric, with_node
 from gpufleet.rules.config import RulesConfig
 from gpufleet.schema import gpu as cat
+from gpufleet.schema.alerts import AlertName
 
 # The labels an attribution adds to a GPU page: dcgm-exporter's names for the pod, its
 # --hpc-job-mapping-dir's for the Slurm job, and the training job the agent's
@@ -208,3 +209,29 @@ def held_any(config: RulesConfig) -> str:
     names an instance (an XID NVML attributes to it) that instance's, never the GPU's."""
     series = AttributionSeries.of(config)
     return f"({series.held} or {series.instance_held})"
+
+
+def with_attribution(config: RulesConfig, rule: Alert) -> list[Record | Alert]:
+    """A per-GPU alert (one that names a GPU) with the pod, Slurm job and tenant on the
+    GPU as labels and in its description; per-node alerts stay as they are.
+
+    The condition is recorded first, in the same group (so at the same evaluation time),
+    and the alert reads it: the attribution reads the condition three times, and a
+    condition that scans every GPU (a lost GPU, a pending remap) would cost three scans.
+    The record holds only the GPUs where the condition is true: a handful of series."""
+    if not rule.description.startswith(GPU_WHO):
+        return [rule]
+    condition = alert_condition(rule.alert)
+    return [
+        Record(condition, rule.expr),
+        replace(
+            rule,
+            expr=attributed(config, rule.alert, condition),
+            description=GPU_WHO + ATTRIBUTION_WHO + rule.description.removeprefix(GPU_WHO),
+        ),
+    ]
+
+
+def alert_condition(alert: AlertName) -> str:
+    """The series that holds a per-GPU alert's condition, before its attribution."""
+    return f"gpu:{alert}:condition"

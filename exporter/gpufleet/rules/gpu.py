@@ -3,7 +3,7 @@ ECC, row remaps, NVLink, PCIe, hardware slowdowns, lost and missing GPUs."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from gpufleet.gpu.xid_catalogue import (
     CATALOGUE_DATE,
@@ -12,7 +12,7 @@ from gpufleet.gpu.xid_catalogue import (
     UNCLASSIFIED_ACTION,
     XidClass,
 )
-from gpufleet.rules.attribution import ATTRIBUTION_WHO, attributed, attribution_records
+from gpufleet.rules.attribution import attribution_records, with_attribution
 from gpufleet.rules.common import (
     GPU,
     GPU_WHO,
@@ -445,35 +445,9 @@ def gpu_alerts(config: RulesConfig) -> list[RuleGroup]:
     # errors; then links, clocks and GPUs gone. Each alert right after its condition.
     split = rules.index(next(r for r in rules if r.alert == AlertName.NVLINK_ERRORS))
     return [
-        RuleGroup(name, [part for rule in chunk for part in _with_attribution(config, rule)])
+        RuleGroup(name, [part for rule in chunk for part in with_attribution(config, rule)])
         for name, chunk in (
             ("gpufleet-gpu-alerts", rules[:split]),
             ("gpufleet-gpu-device-alerts", rules[split:]),
         )
     ]
-
-
-def _with_attribution(config: RulesConfig, rule: Alert) -> list[Record | Alert]:
-    """A per-GPU alert (one that names a GPU) with the pod, Slurm job and tenant on the
-    GPU as labels and in its description; per-node alerts stay as they are.
-
-    The condition is recorded first, in the same group (so at the same evaluation time),
-    and the alert reads it: the attribution reads the condition three times, and a
-    condition that scans every GPU (a lost GPU, a pending remap) would cost three scans.
-    The record holds only the GPUs where the condition is true: a handful of series."""
-    if not rule.description.startswith(GPU_WHO):
-        return [rule]
-    condition = alert_condition(rule.alert)
-    return [
-        Record(condition, rule.expr),
-        replace(
-            rule,
-            expr=attributed(config, rule.alert, condition),
-            description=GPU_WHO + ATTRIBUTION_WHO + rule.description.removeprefix(GPU_WHO),
-        ),
-    ]
-
-
-def alert_condition(alert: AlertName) -> str:
-    """The series that holds a per-GPU alert's condition, before its attribution."""
-    return f"gpu:{alert}:condition"
