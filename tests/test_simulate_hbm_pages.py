@@ -37,7 +37,9 @@ from gpufleet.simulate.config import (
 from gpufleet.simulate.faults import Kind
 from gpufleet.simulate.serve import SimulatorServer
 
-pytestmark = pytest.mark.integration
+# It watches (ONSET_S + WATCH_S) / FACTOR = 228 s of wall time by design: the default
+# 300 s left a loaded machine about a minute to start the simulator and the servers.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
 ROOT = Path(__file__).resolve().parents[1]
 FACTOR = 5
