@@ -28,26 +28,24 @@ import argparse
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from gpufleet.lab.devstack import PrometheusServer, file_sd_scrape_config
-from gpufleet.lab.processes import ManagedProcess, backfill, free_port, http_get, wait_until
+from gpufleet.lab.devstack import PrometheusServer, file_sd_scrape_config, rules_in
+from gpufleet.lab.processes import (
+    backfill,
+    http_get,
+    process_cpu_seconds,
+    start_simulator,
+    wait_until,
+)
 from gpufleet.simulate.config import load_scenario
 from gpufleet.simulate.history import write_history
 
 RULES = Path(__file__).resolve().parents[1] / "alerts"
-
-
-def rule_files(rules_dir: Path) -> list[str]:
-    rules = sorted(str(path) for path in rules_dir.glob("*.rules.yaml"))
-    if not rules:
-        raise SystemExit(f"no *.rules.yaml in {rules_dir}")
-    return rules
 
 
 def start_all(dirs: dict[str, Path], workdir: Path, make: Any) -> dict[str, PrometheusServer]:
@@ -58,7 +56,7 @@ def start_all(dirs: dict[str, Path], workdir: Path, make: Any) -> dict[str, Prom
     for label, rules_dir in dirs.items():
         link.unlink(missing_ok=True)
         link.symlink_to(rules_dir.resolve(), target_is_directory=True)
-        files = [str(link / Path(path).name) for path in rule_files(rules_dir)]
+        files = [str(link / Path(path).name) for path in rules_in(rules_dir)]
         server = make(label, files)
         servers[label] = server
         server.start(timeout=300)
@@ -76,7 +74,8 @@ def own_metric(server: PrometheusServer, name: str) -> float:
 
 
 def cpu_seconds(server: PrometheusServer) -> float:
-    return own_metric(server, "process_cpu_seconds_total")
+    assert server.process is not None and server.process.pid is not None
+    return process_cpu_seconds(server.process.pid)
 
 
 class Costs:
@@ -173,19 +172,9 @@ def report(costs: dict[str, Costs], servers: dict[str, PrometheusServer], nodes:
 
 
 def live(dirs: dict[str, Path], nodes: int, minutes: float, workdir: Path) -> None:
-    port = free_port()
-    targets = workdir / "targets.json"
-    simulator = ManagedProcess(
-        [sys.executable, "-m", "gpufleet", "simulate", "--scenario", "realistic-week",
-         "--nodes", str(nodes), "--listen", f"127.0.0.1:{port}", "--targets-file", str(targets),
-         "--tick", "5"],
-        workdir / "simulator.log",
-    )  # fmt: skip
-    simulator.start()
+    simulator, targets = start_simulator(workdir, nodes)
     servers: dict[str, PrometheusServer] = {}
     try:
-        wait_until(lambda: http_get(f"http://127.0.0.1:{port}/healthz") and targets.exists(), 60,
-                   what="simulator")  # fmt: skip
         servers.update(start_all(dirs, workdir, lambda label, files: PrometheusServer(
             workdir / f"prometheus-{label}",
             scrape_configs=[file_sd_scrape_config("gpufleet-agent", targets, refresh="5s")],
@@ -278,7 +267,7 @@ def main() -> int:
     try:
         dirs = {"before": rules_of(args.before, workdir), "after": args.after}
         for path in dirs.values():
-            rule_files(path)
+            rules_in(path)  # before anything starts
         if args.warm_hours:
             warm(dirs, args.nodes, args.warm_hours, args.minutes, workdir)
         else:

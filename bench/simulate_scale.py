@@ -23,26 +23,17 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from gpufleet.lab.devstack import PrometheusServer, file_sd_scrape_config
-from gpufleet.lab.processes import ManagedProcess, backfill, free_port, http_get, wait_until
+from gpufleet.lab.devstack import PrometheusServer, file_sd_scrape_config, rules_in
+from gpufleet.lab.processes import DevstackError, backfill, free_port, start_simulator
 from gpufleet.lab.processes import process_cpu_seconds as cpu_seconds
 from gpufleet.simulate.config import load_scenario
 from gpufleet.simulate.history import write_history
 
 RULES = Path(__file__).resolve().parents[1] / "alerts"
-
-
-def rule_files(rules_dir: Path) -> list[str]:
-    """The rule files of an alerts/ folder; none is an error, not a free run."""
-    rules = sorted(str(path) for path in rules_dir.glob("*.rules.yaml"))
-    if not rules:
-        raise SystemExit(f"no *.rules.yaml in {rules_dir}")
-    return rules
 
 
 def history(days: float, nodes: int, promtool: bool, workdir: Path) -> None:
@@ -60,16 +51,8 @@ def history(days: float, nodes: int, promtool: bool, workdir: Path) -> None:
 
 
 def live(nodes: int, minutes: float, workdir: Path, rules_dir: Path = RULES) -> None:
-    port = free_port()
-    targets = workdir / "targets.json"
-    simulator = ManagedProcess(
-        [sys.executable, "-m", "gpufleet", "simulate", "--scenario", "realistic-week",
-         "--nodes", str(nodes), "--listen", f"127.0.0.1:{port}", "--targets-file", str(targets),
-         "--tick", "5"],
-        workdir / "simulator.log",
-    )  # fmt: skip
-    simulator.start()
-    rules = rule_files(rules_dir)
+    rules = rules_in(rules_dir)
+    simulator, targets = start_simulator(workdir, nodes)
     prometheus_port = free_port()
     prometheus = PrometheusServer(
         workdir / "prometheus",
@@ -84,8 +67,6 @@ def live(nodes: int, minutes: float, workdir: Path, rules_dir: Path = RULES) -> 
         evaluation_interval="15s",
     )  # fmt: skip
     try:
-        wait_until(lambda: http_get(f"http://127.0.0.1:{port}/healthz") and targets.exists(), 60,
-                   what="simulator")  # fmt: skip
         prometheus.start()
         prometheus.wait_for_targets_up(nodes, timeout=120)
         pid = simulator.pid
@@ -174,7 +155,7 @@ def warm(nodes: int, hours: float, workdir: Path, rules_dir: Path = RULES) -> No
     tsdb = workdir / "warm-tsdb"
     imported = backfill(result.files, tsdb)
     shutil.rmtree(workdir / "warm-history")
-    rules = rule_files(rules_dir)
+    rules = rules_in(rules_dir)
     prometheus_port = free_port()
     prometheus = PrometheusServer(
         workdir / "warm-prometheus",
@@ -222,7 +203,10 @@ def main() -> int:
         "--rules", type=Path, default=RULES, help="the rule files' folder (default: alerts/)"
     )
     args = parser.parse_args()
-    rule_files(args.rules)  # before anything starts
+    try:
+        rules_in(args.rules)  # before anything starts
+    except DevstackError as error:
+        raise SystemExit(str(error)) from None
     workdir = Path(tempfile.mkdtemp(prefix="gpufleet-bench-sim-"))
     try:
         if not args.skip_history:

@@ -38,6 +38,15 @@ def static_scrape_config(
     }
 
 
+def rules_in(folder: Path) -> list[str]:
+    """Every ``*.rules.yaml`` of a folder (an alerts/), sorted; none is an error, not a
+    Prometheus that quietly evaluates nothing."""
+    rules = sorted(str(path) for path in folder.glob("*.rules.yaml"))
+    if not rules:
+        raise DevstackError(f"no *.rules.yaml in {folder}")
+    return rules
+
+
 def file_sd_scrape_config(job: str, targets_file: Path, refresh: str = "1s") -> dict[str, Any]:
     """A scrape job whose targets come from a file_sd file (the simulator writes one)."""
     return {

@@ -287,3 +287,29 @@ def agent_process(
         ],
         workdir / "agent.log",
     )
+
+
+def start_simulator(
+    workdir: Path, nodes: int, scenario: str = "realistic-week", tick: float = 5.0
+) -> tuple[ManagedProcess, Path]:
+    """``gpufleet simulate`` serving ``nodes`` on 127.0.0.1, started and answering, and
+    the file_sd targets file it wrote (workdir/targets.json)."""
+    port = free_port()
+    targets = workdir / "targets.json"
+    simulator = ManagedProcess(
+        [sys.executable, "-m", "gpufleet", "simulate", "--scenario", scenario,
+         "--nodes", str(nodes), "--listen", f"127.0.0.1:{port}", "--targets-file", str(targets),
+         "--tick", f"{tick:g}"],
+        workdir / "simulator.log",
+    )  # fmt: skip
+    simulator.start()
+    try:
+        wait_until(
+            lambda: http_get(f"http://127.0.0.1:{port}/healthz") and targets.exists(),
+            60,
+            what="simulator",
+        )
+    except BaseException:
+        simulator.stop()
+        raise
+    return simulator, targets
