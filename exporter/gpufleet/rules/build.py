@@ -34,7 +34,7 @@ def rule_files(config: RulesConfig | None = None) -> list[RuleFile]:
         RuleFile(
             "gpu",
             [
-                xid_catalogue_group(),
+                xid_catalogue_group(config),
                 gpu_counters(config),
                 gpu_recording(config),
                 *gpu_alerts(config),

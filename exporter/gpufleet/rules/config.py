@@ -60,12 +60,15 @@ class RulesConfig:
     # -- alert routing -------------------------------------------------------------------------
     runbook_url: str = "https://github.com/gpufleet/gpufleet/blob/main/alerts/RUNBOOK.md#{anchor}"
 
-    # -- GPU hardware: counters rising over 10 min to 6 h need no 15 s resolution, and this
-    # group reads every GPU's series: evaluating it once a minute quarters its cost.
+    # -- GPU hardware: counters rising over 10 min to 6 h need no 15 s resolution, and these
+    # groups read every GPU's series: evaluated once a minute they cost a quarter. The
+    # per-GPU alerts run at this interval too: most read these records, which change no
+    # more often; a GPU page (lost GPU, XID, row remap) comes at most one interval later.
     gpu_recording_interval: str = "1m"
     # -- Records over windows of 15 min to a day (a slow straggler, baselines, checkpoint
-    # figures) and those only dashboards draw: a minute changes them little; evaluated
-    # once a minute they cost a quarter, and what reads them every 15 s sees the last one.
+    # figures, the node health signals), those only dashboards draw and the XID catalogue:
+    # a minute changes them little; evaluated once a minute they cost a quarter, and what
+    # reads them every 15 s sees the last one.
     slow_recording_interval: str = "1m"
     # -- GPU hardware ---------------------------------------------------------------------
     # (alerts/RUNBOOK.md, "how it decides", says why each threshold is what it is)

@@ -58,9 +58,10 @@ def _info_record(name: str, static: dict[str, str], series: list[dict[str, str]]
     return Record(name, "\nor ".join(_constant_series(labels) for labels in series), static)
 
 
-def xid_catalogue_group() -> RuleGroup:
+def xid_catalogue_group(config: RulesConfig) -> RuleGroup:
     """The catalogue's info series: one record per class, holding a series per code
-    (five rules for 108 codes), and one per urgency for NVML's recovery actions."""
+    (five rules for 108 codes), and one per urgency for NVML's recovery actions. They
+    never change: recorded once a minute (what reads them sees the last, 5 min back)."""
     rules: list[Record | Alert] = [
         _info_record(
             XID_INFO,
@@ -85,7 +86,7 @@ def xid_catalogue_group() -> RuleGroup:
                 ],
             )
         )
-    return RuleGroup("gpufleet-xid-catalogue", rules)
+    return RuleGroup("gpufleet-xid-catalogue", rules, config.slow_recording_interval)
 
 
 # Per-GPU counters whose rise over a window the alerts and the health signals read.
@@ -443,9 +444,15 @@ def gpu_alerts(config: RulesConfig) -> list[RuleGroup]:
     ]
     # Two groups (a group holds at most 20 rules): the XIDs, recovery actions and memory
     # errors; then links, clocks and GPUs gone. Each alert right after its condition.
+    # At the GPU records' interval: most conditions read those records, which change no
+    # more often, and each scans every GPU; a page waits at most one interval longer.
     split = rules.index(next(r for r in rules if r.alert == AlertName.NVLINK_ERRORS))
     return [
-        RuleGroup(name, [part for rule in chunk for part in with_attribution(config, rule)])
+        RuleGroup(
+            name,
+            [part for rule in chunk for part in with_attribution(config, rule)],
+            config.gpu_recording_interval,
+        )
         for name, chunk in (
             ("gpufleet-gpu-alerts", rules[:split]),
             ("gpufleet-gpu-device-alerts", rules[split:]),

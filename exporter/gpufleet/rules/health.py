@@ -61,4 +61,6 @@ def health_recording(config: RulesConfig) -> RuleGroup:
     )
     rules.append(Record(HEALTH_SCORE, f"sum by (node) (\n  {tagged}\n)"))
     rules.extend(presence_records(config))
-    return RuleGroup("gpufleet-node-health", rules)
+    # Once a minute: the signals look back 15 minutes to 6 hours and the alert that reads
+    # the score holds for 10 minutes; at 15 s every GPU's throttle flags cost 4x as much.
+    return RuleGroup("gpufleet-node-health", rules, config.slow_recording_interval)
