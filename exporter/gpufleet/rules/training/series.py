@@ -31,7 +31,8 @@ class TrainingSeries(SeriesNames):
     tokens_ratio: str = "node:gpufleet_training_tokens_ratio:rate{rate_window}"
     # the stage's fastest node (stage imbalance compares stages by it)
     stage_fastest: str = "stage:gpufleet_training_slowest_compute_per_step:min{rate_window}"
-    # per rank: compute seconds per step; ranks per stage
+    # per rank: compute seconds per step; ranks per stage (both in stages of fewer than
+    # straggler_min_peers nodes only: the rank-level comparison's)
     rank: str = "rank:gpufleet_training_compute_per_step:rate{rate_window}"
     stage_ranks: str = "stage:gpufleet_training_ranks:count{rate_window}"
     # in stages of fewer than straggler_min_peers nodes: each node's median, MAD and

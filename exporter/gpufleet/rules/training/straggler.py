@@ -129,10 +129,13 @@ def peer_records(config: RulesConfig, series: TrainingSeries) -> list[Record]:
             f"({slow} - on ({STAGE}) group_left {median})\n"
             f"/ on ({STAGE}) group_left () {robust_scale(config, mad, median)}",
         ),
+        # Only the ranks of stages too small for the node comparison read them: the
+        # rank-level records below then scan those ranks, not every rank of the fleet.
         Record(
             series.rank,
-            f"{rate_sum(config, ts.RANK_COMPUTE_SECONDS, rank_by)}\n"
-            f"/ {rate_sum(config, ts.RANK_STEPS, rank_by)}",
+            f"(\n  {rate_sum(config, ts.RANK_COMPUTE_SECONDS, rank_by)}\n"
+            f"  / {rate_sum(config, ts.RANK_STEPS, rank_by)}\n)\n"
+            f"and on ({STAGE}) ({series.stage_nodes} < {config.straggler_min_peers})",
         ),
         Record(ranks, f"count by ({STAGE}) ({series.rank})"),
         # Tokens per rank-step (steps count one per rank per step); > 0 drops a stage whose
@@ -153,20 +156,16 @@ def rank_level_records(config: RulesConfig, series: TrainingSeries) -> list[Reco
     """In stages of fewer than straggler_min_peers nodes: each node's median, spread and
     slowest rank; the stage's reference (the fastest node's median rank) and spread (the
     least within-node MAD); each node's slowest rank against them."""
-    rank, nodes = series.rank, series.stage_nodes
+    rank = series.rank  # recorded in those stages only
     node_rank_median, node_rank_max = series.node_rank_median, series.node_rank_max
     reference, spread = series.rank_reference, series.rank_spread
-    small_stage = f"on ({STAGE}) ({nodes} < {config.straggler_min_peers})"
     return [
-        Record(
-            node_rank_median,
-            f"quantile by ({NODE_STAGE}) (0.5,\n  {rank}\n  and {small_stage}\n)",
-        ),
+        Record(node_rank_median, f"quantile by ({NODE_STAGE}) (0.5, {rank})"),
         Record(
             series.node_rank_mad,
             f"quantile by ({NODE_STAGE}) (0.5, abs({rank} - on ({NODE_STAGE}) group_left {node_rank_median}))",
         ),
-        Record(node_rank_max, f"max by ({NODE_STAGE}) (\n  {rank}\n  and {small_stage}\n)"),
+        Record(node_rank_max, f"max by ({NODE_STAGE}) ({rank})"),
         Record(reference, f"min by ({STAGE}) ({node_rank_median})"),
         Record(spread, f"min by ({STAGE}) ({series.node_rank_mad})"),
         Record(series.rank_ratio, f"{node_rank_max} / on ({STAGE}) group_left {reference}"),
