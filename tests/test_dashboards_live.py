@@ -213,7 +213,10 @@ def tenants(
     )  # fmt: skip
     backfill(history.files, workdir / "tsdb")
     rules = write_rules(
-        workdir / "rules", RulesConfig(gpu_recording_interval="2s", slow_recording_interval="2s")
+        workdir / "rules",
+        RulesConfig(
+            gpu_recording_interval="2s", slow_recording_interval="2s", training_interval="2s"
+        ),
     )
     prometheus = PrometheusServer(
         workdir / "prometheus",

@@ -86,6 +86,7 @@ SHAPES = {
 FAST = RulesConfig(
     gpu_recording_interval="1s",
     slow_recording_interval="1s",
+    training_interval="1s",
     targets_missing_for="30s",
     exporter_down_for="15s",
     **dict.fromkeys(("xid_window", "ecc_window", "nvlink_window"), "20s"),

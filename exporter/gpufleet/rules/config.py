@@ -70,6 +70,12 @@ class RulesConfig:
     # a minute changes them little; evaluated once a minute they cost a quarter, and what
     # reads them every 15 s sees the last one.
     slow_recording_interval: str = "1m"
+    # -- The training records over windows of 1 to 5 minutes (peer comparison, step time,
+    # hangs) and the training alerts: every 30 s, kube-prometheus-stack's own evaluation
+    # interval. A 5-minute window moves a tenth in 30 s; at 15 s these groups were half of
+    # one Prometheus's rule time at 512 nodes. A straggler or hang page can come up to
+    # 15 s later than at 15 s (docs/SCALING.md has the cost of each).
+    training_interval: str = "30s"
     # -- GPU hardware ---------------------------------------------------------------------
     # (alerts/RUNBOOK.md, "how it decides", says why each threshold is what it is)
     xid_window: str = "10m"

@@ -15,7 +15,8 @@ __all__ = ["TrainingSeries", "training_groups"]
 def training_groups(config: RulesConfig) -> list[RuleGroup]:
     series = TrainingSeries.of(config)
     # Windows of 15 minutes to 2 hours move little in a minute: evaluated once a minute
-    # (slow_recording_interval); the rules that read them every 15 s see the latest value.
+    # (slow_recording_interval); the rules that read them every 30 s (training_interval)
+    # see the latest value.
     long_windows = [
         *straggler.long_window_records(config, series),
         *job.job_baseline_records(config, series),
@@ -39,10 +40,11 @@ def training_groups(config: RulesConfig) -> list[RuleGroup]:
         job.data_loader_stall_alert(config, series),
         hang.application_xid_alert(config),
     ]
+    every = config.training_interval
     return [
-        RuleGroup("gpufleet-training-peers", straggler.peer_records(config, series)),
+        RuleGroup("gpufleet-training-peers", straggler.peer_records(config, series), every),
         RuleGroup("gpufleet-training-long-windows", long_windows, config.slow_recording_interval),
-        RuleGroup("gpufleet-training-coverage", straggler.coverage_records(config, series)),
-        RuleGroup("gpufleet-training-trends", trends),
-        RuleGroup("gpufleet-training-alerts", alerts),
+        RuleGroup("gpufleet-training-coverage", straggler.coverage_records(config, series), every),
+        RuleGroup("gpufleet-training-trends", trends, every),
+        RuleGroup("gpufleet-training-alerts", alerts, every),
     ]
