@@ -15,7 +15,9 @@ import yaml
 
 from gpufleet.cli import main as gpufleet_main
 from gpufleet.rules.__main__ import write_rules
+from gpufleet.rules.common import Record, not_from
 from gpufleet.rules.config import ConfigError, RulesConfig, config_from_mapping, load_site_config
+from gpufleet.rules.gpu import GpuSeries, gpu_recording
 
 
 def selector_regex(config: RulesConfig) -> re.Pattern[str]:
@@ -355,3 +357,47 @@ def test_a_slow_scrape_with_its_windows_set_is_accepted() -> None:
     )
     config = config_from_mapping({"scrape_interval_seconds": 120, **windows})
     assert (config.step_window, config.job_slowdown_untimed_step_window) == ("8m", "8m")
+
+
+@pytest.mark.parametrize(
+    ("selector", "negated"),
+    [
+        ('job="gpufleet-agent"', 'job!="gpufleet-agent"'),
+        (' job =~ "agent-.*" ', 'job!~"agent-.*"'),
+        ('job!="x"', 'job="x"'),
+        ('job!~"x|y"', 'job=~"x|y"'),
+        ('job="a", cluster="b"', ""),  # not(a and b) is no single matcher
+        ("", ""),
+    ],
+)
+def test_not_from_negates_a_single_matcher_only(selector: str, negated: str) -> None:
+    assert not_from(selector) == negated
+
+
+def test_the_dcgm_exporter_fallbacks_skip_the_agents_own_series() -> None:
+    """dcgm-exporter's XID, clock-event and presence fallbacks select the GPU jobs other
+    than the agent's (the agent exports the same DCGM names for every GPU it has); with
+    an agent selector of several matchers they select every GPU job, as before."""
+    names = "|".join(
+        re.escape(name)
+        for name in ("DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
+                     "DCGM_FI_DEV_GPU_TEMP", "DCGM_EXP_XID_ERRORS_COUNT")
+    )  # fmt: skip
+
+    def selections(config: RulesConfig) -> set[str]:
+        series = GpuSeries.of(config)
+        fallbacks = (series.xid_changed, series.xid_new, series.dcgm_reasons, series.dcgm_gpus)
+        text = "\n".join(
+            rule.expr
+            for rule in gpu_recording(config).rules
+            if isinstance(rule, Record) and rule.record in fallbacks
+        )
+        return {found.group(1) for found in re.finditer(rf"(?:{names})\{{([^}}]*)\}}", text)}
+
+    gpus = 'job=~"gpufleet-agent|.*dcgm-exporter.*"'
+    assert selections(RulesConfig()) == {
+        f'{gpus}, job!="gpufleet-agent"',
+        f'{gpus}, job!="gpufleet-agent", xid!=""',
+    }
+    several = RulesConfig(agent_selector='job="gpufleet-agent", cluster="a"')
+    assert selections(several) == {gpus, f'{gpus}, xid!=""'}

@@ -17,6 +17,7 @@ compares a GPU with itself by ``UUID``, never by whole label sets.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Self
@@ -109,6 +110,22 @@ def metric(name: str, selector: str, extra: str = "") -> str:
 
 
 NODE_LABELS = ("Hostname", "hostname")
+
+NEGATED = {"=": "!=", "!=": "=", "=~": "!~", "!~": "=~"}
+
+
+def not_from(selector: str) -> str:
+    """A matcher that drops the series ``selector`` picks, where it is one matcher (the
+    agent's `job="gpufleet-agent"`): PromQL may hold several matchers on one label, so
+    `job=~"a|b", job!="a"` selects b's series alone. Empty where it is several matchers
+    (their negation is not one) or none: the caller then selects as before."""
+    found = re.fullmatch(
+        r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*("(?:[^"\\]|\\.)*")\s*', selector
+    )
+    if not found:
+        return ""
+    label, op, value = found.groups()
+    return f"{label}{NEGATED[op]}{value}"
 
 
 def with_node(expr: str, labels: Sequence[str] = NODE_LABELS) -> str:

@@ -23,6 +23,7 @@ from gpufleet.rules.common import (
     agent_node,
     metric,
     new_in,
+    not_from,
     per_gpu,
     risen,
     with_node,
@@ -172,25 +173,28 @@ def gpu_recording(config: RulesConfig) -> RuleGroup:
     # gpufleet's agents that started within the window: their XID counters count from then
     started = metric("gpufleet_agent_start_time_seconds", config.agent_selector)
     restarted = f"{started} > time() - {duration_seconds(window):g}"
-    last = metric("DCGM_FI_DEV_XID_ERRORS", sel)
+    # dcgm-exporter's fallbacks: not the agent's series of the same names (not_from), and
+    # not a GPU the agent also reports (unless on UUID)
+    dcgm = ", ".join(part for part in (sel, not_from(config.agent_selector)) if part)
+    last = metric("DCGM_FI_DEV_XID_ERRORS", dcgm)
     agent_gpus = metric("gpufleet_gpu_up", sel)
     series = GpuSeries.of(config)
     changed = series.xid_changed
     # dcgm-exporter's opt-in DCGM_EXP_XID_ERRORS_COUNT{xid}: XIDs per code within its own
     # window (5 min by default); only XIDs that happened recently, even on a first scrape.
-    xid_counts = metric("DCGM_EXP_XID_ERRORS_COUNT", sel, 'xid!=""')
+    xid_counts = metric("DCGM_EXP_XID_ERRORS_COUNT", dcgm, 'xid!=""')
     throttle = metric("gpufleet_gpu_clock_throttle_active", sel)
     # dcgm-exporter has only the bitmask; GPUs with gpufleet's agent have a flag per reason
     dcgm_reasons = series.dcgm_reasons
     # each filtered before the union: the union of every GPU's two names costs more
-    throttled = " or ".join(f"{metric(name, sel)} > 0" for name in THROTTLE_BITMASKS)
+    throttled = " or ".join(f"{metric(name, dcgm)} > 0" for name in THROTTLE_BITMASKS)
     bits = "\n  or ".join(
         f'label_replace(\n    ({throttle.rstrip("}")}, reason="{reason}"}} == 1)\n'
         f"    or (floor({dcgm_reasons} / {value}) % 2 == 1),\n"
         f'    "reason", "{reason}", "", "")'
         for reason, value in THROTTLE_BITS
     )
-    presence = metric(config.gpu_presence_metric, sel)
+    presence = metric(config.gpu_presence_metric, dcgm)
     dcgm_count, dcgm_max = series.dcgm_gpus, series.dcgm_gpus_max
     recovery = " or ".join(metric(name, sel) for name in RECOVERY_ACTION_METRICS)
     rules: list[Record | Alert] = [
@@ -444,15 +448,11 @@ def gpu_alerts(config: RulesConfig) -> list[RuleGroup]:
     ]
     # Two groups (a group holds at most 20 rules): the XIDs, recovery actions and memory
     # errors; then links, clocks and GPUs gone. Each alert right after its condition.
-    # At the GPU records' interval: most conditions read those records, which change no
-    # more often, and each scans every GPU; a page waits at most one interval longer.
+    # At the GPU records' interval: most read those records, which change no more often.
     split = rules.index(next(r for r in rules if r.alert == AlertName.NVLINK_ERRORS))
+    every = config.gpu_recording_interval
     return [
-        RuleGroup(
-            name,
-            [part for rule in chunk for part in with_attribution(config, rule)],
-            config.gpu_recording_interval,
-        )
+        RuleGroup(name, [part for rule in chunk for part in with_attribution(config, rule)], every)
         for name, chunk in (
             ("gpufleet-gpu-alerts", rules[:split]),
             ("gpufleet-gpu-device-alerts", rules[split:]),
