@@ -389,7 +389,7 @@ def test_the_dcgm_exporter_fallbacks_skip_the_agents_own_series() -> None:
         fallbacks = (series.xid_changed, series.xid_new, series.dcgm_reasons, series.dcgm_gpus)
         text = "\n".join(
             rule.expr
-            for rule in gpu_recording(config).rules
+            for rule in gpu_recording(config)
             if isinstance(rule, Record) and rule.record in fallbacks
         )
         return {found.group(1) for found in re.finditer(rf"(?:{names})\{{([^}}]*)\}}", text)}

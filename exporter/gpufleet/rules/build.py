@@ -11,7 +11,7 @@ from gpufleet.rules.checkpoint import checkpoint_groups
 from gpufleet.rules.common import Alert, RuleFile
 from gpufleet.rules.config import ConfigError, RulesConfig
 from gpufleet.rules.dashboard_support import dashboard_support_group
-from gpufleet.rules.gpu import gpu_alerts, gpu_counters, gpu_recording, xid_catalogue_group
+from gpufleet.rules.gpu_groups import gpu_groups
 from gpufleet.rules.health import health_recording
 from gpufleet.rules.layout import layout_groups
 from gpufleet.rules.node import node_alerts
@@ -31,15 +31,7 @@ def rule_files(config: RulesConfig | None = None) -> list[RuleFile]:
     not exist raises ConfigError naming it."""
     config = config or RulesConfig()
     files = [
-        RuleFile(
-            "gpu",
-            [
-                xid_catalogue_group(config),
-                gpu_counters(config),
-                gpu_recording(config),
-                *gpu_alerts(config),
-            ],
-        ),
+        RuleFile("gpu", gpu_groups(config)),
         RuleFile("node", [health_recording(config), node_alerts(config)]),
         RuleFile("training", training_groups(config)),
         RuleFile("checkpoint", checkpoint_groups(config)),

@@ -12,7 +12,6 @@ from gpufleet.gpu.xid_catalogue import (
     UNCLASSIFIED_ACTION,
     XidClass,
 )
-from gpufleet.rules.attribution import attribution_records, with_attribution
 from gpufleet.rules.common import (
     GPU,
     GPU_WHO,
@@ -165,7 +164,8 @@ class GpuSeries(SeriesNames):
 THROTTLE_BITMASKS = ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS")
 
 
-def gpu_recording(config: RulesConfig) -> RuleGroup:
+def gpu_recording(config: RulesConfig) -> list[Record]:
+    """dcgm-exporter's fallbacks and what the XID, slowdown and recovery alerts read."""
     sel = config.gpu_selector
     node_labels = config.node_labels
     window = config.xid_window
@@ -197,9 +197,7 @@ def gpu_recording(config: RulesConfig) -> RuleGroup:
     presence = metric(config.gpu_presence_metric, dcgm)
     dcgm_count, dcgm_max = series.dcgm_gpus, series.dcgm_gpus_max
     recovery = " or ".join(metric(name, sel) for name in RECOVERY_ACTION_METRICS)
-    rules: list[Record | Alert] = [
-        # first: the alerts and the records below read the attribution
-        *attribution_records(config),
+    return [
         Record(dcgm_reasons, f"({throttled}) unless on (UUID) {agent_gpus}"),
         # A new XID is a last value that changed within the window, per GPU (UUID), never
         # per label set: pod / namespace / container labels change with every workload.
@@ -236,20 +234,18 @@ def gpu_recording(config: RulesConfig) -> RuleGroup:
             f"max by ({GPU}) ({with_node(f'({recovery}) > 0', node_labels)})\n)",
         ),
     ]
-    return RuleGroup("gpufleet-gpu-recording", rules, config.gpu_recording_interval)
 
 
-def gpu_counters(config: RulesConfig) -> RuleGroup:
+def gpu_counters(config: RulesConfig) -> dict[tuple[str, str], Record]:
     """Each counter of RISEN, its rise over its window per GPU, where it rose."""
     sel = config.gpu_selector
-    rules: list[Record | Alert] = [
-        Record(
+    return {
+        (name, knob): Record(
             risen_series(config, name, knob),
             per_gpu(f"{risen(metric(name, sel), getattr(config, knob))} > 0", config.node_labels),
         )
         for name, knob in RISEN
-    ]
-    return RuleGroup("gpufleet-gpu-counters", rules, config.gpu_recording_interval)
+    }
 
 
 def _xid_class(xid: str, klass: XidClass) -> str:
@@ -263,7 +259,7 @@ def _recovery(series: GpuSeries, urgency: str) -> str:
     )
 
 
-def gpu_alerts(config: RulesConfig) -> list[RuleGroup]:
+def gpu_alerts(config: RulesConfig) -> list[Alert]:
     sel = config.gpu_selector
     series = GpuSeries.of(config)
     xid = series.xid_new
@@ -446,15 +442,4 @@ def gpu_alerts(config: RulesConfig) -> list[RuleGroup]:
             config.gpu_missing_for,
         ),
     ]
-    # Two groups (a group holds at most 20 rules): the XIDs, recovery actions and memory
-    # errors; then links, clocks and GPUs gone. Each alert right after its condition.
-    # At the GPU records' interval: most read those records, which change no more often.
-    split = rules.index(next(r for r in rules if r.alert == AlertName.NVLINK_ERRORS))
-    every = config.gpu_recording_interval
-    return [
-        RuleGroup(name, [part for rule in chunk for part in with_attribution(config, rule)], every)
-        for name, chunk in (
-            ("gpufleet-gpu-alerts", rules[:split]),
-            ("gpufleet-gpu-device-alerts", rules[split:]),
-        )
-    ]
+    return rules

@@ -1,0 +1,75 @@
+"""gpu.rules.yaml's groups: each per-GPU alert in the group that records what it reads,
+right after those records, so that it sees them in the same evaluation.
+
+Every group here scans every GPU, so each runs once a minute (gpu_recording_interval):
+the counters' windows are 10 minutes to 6 hours, and an alert in the same group as its
+records pages as soon as they show the fault, as it would at 15 s after a record made
+once a minute. A group holds at most 20 rules; what crosses groups (the attribution,
+the GPUs a node without the agent showed) may lag by up to one interval."""
+
+from __future__ import annotations
+
+from gpufleet.rules.attribution import attribution_records, with_attribution
+from gpufleet.rules.common import Alert, Record, RuleGroup
+from gpufleet.rules.config import RulesConfig
+from gpufleet.rules.gpu import (
+    NVLINK5_COUNTERS,
+    NVLINK_COUNTERS,
+    gpu_alerts,
+    gpu_counters,
+    gpu_recording,
+    xid_catalogue_group,
+)
+from gpufleet.schema.alerts import AlertName
+
+# The counters read by the NVLink and PCIe alerts (links); every other one of RISEN
+# (memory errors, and the health signals' longer windows) goes with the memory alerts.
+LINKS = frozenset(
+    {(f"DCGM_FI_DEV_NVLINK_{name}_ERROR_COUNT_TOTAL", "nvlink_window") for name in NVLINK_COUNTERS}
+    | {(name, "nvlink_window") for name in NVLINK5_COUNTERS}
+    | {("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "pcie_window")}
+)
+# Alerts by the group of the records they read.
+RECORDED_ALERTS = (
+    AlertName.CRITICAL_XID,
+    AlertName.MAINTENANCE_XID,
+    AlertName.UNCLASSIFIED_XID,
+    AlertName.GPU_RECOVERY_ACTION,
+    AlertName.GPU_RECOVERY_WARNING,
+    AlertName.HW_SLOWDOWN,
+)
+LINK_ALERTS = (AlertName.NVLINK_ERRORS, AlertName.PCIE_REPLAYS)
+# ... and those of raw series (row remaps, lost and missing GPUs) beside them
+MEMORY_ALERTS = (
+    AlertName.ECC_UNCORRECTABLE,
+    AlertName.REMAPS_CLIMBING,
+    AlertName.ROW_REMAP_FAILURE,
+    AlertName.ROW_REMAP_PENDING,
+    AlertName.GPU_LOST,
+    AlertName.GPU_MISSING,
+)
+
+
+def gpu_groups(config: RulesConfig) -> list[RuleGroup]:
+    every = config.gpu_recording_interval
+    alerts = {rule.alert: rule for rule in gpu_alerts(config)}
+    counters = gpu_counters(config)
+    placed = set(RECORDED_ALERTS) | set(LINK_ALERTS) | set(MEMORY_ALERTS)
+    if placed != set(alerts):
+        raise ValueError(f"GPU alerts in no group: {sorted(set(alerts) - placed)}")
+
+    def group(name: str, records: list[Record], names: tuple[AlertName, ...]) -> RuleGroup:
+        rules: list[Record | Alert] = [*records]
+        for alert in names:
+            rules.extend(with_attribution(config, alerts[alert]))
+        return RuleGroup(name, rules, every)
+
+    links = [record for key, record in counters.items() if key in LINKS]
+    memory = [record for key, record in counters.items() if key not in LINKS]
+    return [
+        xid_catalogue_group(config),
+        RuleGroup("gpufleet-gpu-attribution", attribution_records(config), every),
+        group("gpufleet-gpu-recording", gpu_recording(config), RECORDED_ALERTS),
+        group("gpufleet-gpu-links", links, LINK_ALERTS),
+        group("gpufleet-gpu-counters", memory, MEMORY_ALERTS),
+    ]
