@@ -427,7 +427,7 @@ def test_the_printed_timeline_and_the_scenario_text_say_what_the_tests_measure()
     assert f"after the rule's {rules.straggler_for.removesuffix('m')} minutes" in (
         scenario.description
     )
-    assert "straggler page at ~4:00" in scenario.description and pages[0][0] == "~4:00"
+    assert "straggler page at ~4:30" in scenario.description and pages[0][0] == "~4:30"
     timeline = (REPO / "docs/quickstart.md").read_text()
     assert f"the alert waits {hang_minutes:g} min" in timeline
     for minute, _ in pages:
@@ -444,5 +444,5 @@ def test_the_simulator_logs_its_clock_and_the_demo_timeline() -> None:
         "1970-01-01 01:00:00 UTC (unix 3600.000)\n"
     )
     assert "  01:08:00        8:00  GPU 3 of node-040 falls off the bus" in text
-    assert "  01:04:00       ~4:00  page: GpuFleetStragglerNode" in text
+    assert "  01:04:30       ~4:30  page: GpuFleetStragglerNode" in text
     assert announce("realistic-week", 16, 8, start=0.0).count("\n") == 1

@@ -16,7 +16,7 @@ from gpufleet.schema.alerts import AlertName
 STORY = (
     ("0:20", "GPU 5 of node-012 turns 25% slow; the whole lock-step job waits for it"),
     ("1:20", "all 64 nodes checkpoint at once: 30 s of each 32 s write is queued for storage"),
-    ("~4:00", f"page: {AlertName.STRAGGLER} for node-012 (warning)"),
+    ("~4:30", f"page: {AlertName.STRAGGLER} for node-012 (warning)"),
     ("~7:00", f"page: {AlertName.CHECKPOINT_QUEUE_BOUND} for job sim-llm (warning)"),
     ("8:00", "GPU 3 of node-040 falls off the bus (XID 79): the job stops"),
     (
@@ -28,7 +28,7 @@ STORY = (
 )
 # The pages, in firing order: (alert names, node or job, (earliest, latest) minute).
 PAGES = (
-    ((AlertName.STRAGGLER,), "node-012", (3, 5)),
+    ((AlertName.STRAGGLER,), "node-012", (3, 6)),
     ((AlertName.CHECKPOINT_QUEUE_BOUND,), "sim-llm", (6, 8)),
     ((AlertName.CRITICAL_XID, AlertName.GPU_LOST), "node-040", (8, 10)),
 )
