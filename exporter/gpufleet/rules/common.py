@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Self
 
-from gpufleet.rules.config import RulesConfig
+from gpufleet.rules.config import MATCHER, RulesConfig
 from gpufleet.schema.alerts import AlertName
 
 
@@ -119,9 +119,7 @@ def not_from(selector: str) -> str:
     agent's `job="gpufleet-agent"`): PromQL may hold several matchers on one label, so
     `job=~"a|b", job!="a"` selects b's series alone. Empty where it is several matchers
     (their negation is not one) or none: the caller then selects as before."""
-    found = re.fullmatch(
-        r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*("(?:[^"\\]|\\.)*")\s*', selector
-    )
+    found = re.fullmatch(MATCHER, selector)
     if not found:
         return ""
     label, op, value = found.groups()

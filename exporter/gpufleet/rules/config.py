@@ -24,6 +24,10 @@ XidCode = XidEntry
 XID_CATALOGUE: tuple[XidEntry, ...] = CATALOGUE
 
 
+# One label matcher, as selectors hold them: label, operator, quoted value (groups 1-3).
+MATCHER = r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*("(?:[^"\\]|\\.)*")\s*'
+
+
 @dataclass(frozen=True, slots=True)
 class RulesConfig:
     # -- selectors: which scrape jobs hold what --------------------------------------
@@ -387,15 +391,7 @@ def _check_value(name: str, value: Any, default: Any, source: str) -> Any:
         raise ConfigError(f"{where} must be a metric name, got {value!r}")
     if name.endswith("_presence") and value not in PRESENCE_MODES:
         raise ConfigError(f"{where} must be one of {', '.join(PRESENCE_MODES)}, got {value!r}")
-    if (
-        name.endswith("_selector")
-        and value
-        and not re.fullmatch(
-            r'\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=|!=|=~|!~)\s*"(?:[^"\\]|\\.)*"\s*'
-            r'(,\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=|!=|=~|!~)\s*"(?:[^"\\]|\\.)*"\s*)*',
-            value,
-        )
-    ):
+    if name.endswith("_selector") and value and not re.fullmatch(rf"{MATCHER}(,{MATCHER})*", value):
         raise ConfigError(
             f'{where} must be label matchers without braces, such as job="dcgm-exporter", '
             f"got {value!r}"
