@@ -1,5 +1,5 @@
-"""``Reporter.watch``: a DDP rank's own work apart from its wait for peers, on real
-``torch.distributed`` (gloo, CPU) processes."""
+"""``Reporter.watch``: a DDP or FSDP2 rank's own work apart from its wait for peers, on
+real ``torch.distributed`` (gloo, CPU) processes."""
 
 from __future__ import annotations
 
@@ -33,14 +33,28 @@ def model() -> Any:
     return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
 
 
-def train(rank: int, store: str, out: str, watched: bool, slow_rank: int) -> None:
-    """One DDP rank: STEPS steps; writes its waits and final parameters to ``out``."""
+def sharded(kind: str) -> Any:
+    """The model, data-parallel as ``kind`` says: DDP, or FSDP2 (``fully_shard`` on each
+    linear layer and on the whole)."""
+    if kind == "ddp":
+        return torch.nn.parallel.DistributedDataParallel(model())
+    from torch.distributed.fsdp import fully_shard
+
+    whole = model()
+    for layer in (whole[0], whole[2]):
+        fully_shard(layer)
+    return fully_shard(whole)
+
+
+def train(rank: int, store: str, out: str, watched: bool, slow_rank: int, kind: str) -> None:
+    """One rank: STEPS steps; writes its waits and final parameters to ``out``."""
     torch.set_num_threads(1)
     # a file store, not a TCP port picked before use: another run on the machine may take
     # a port between its pick and its bind (a rank then met a stranger's store and aborted)
     dist.init_process_group("gloo", rank=rank, world_size=WORLD, init_method=f"file://{store}")
-    ddp = torch.nn.parallel.DistributedDataParallel(model())
+    ddp = sharded(kind)
     wait = watch_model(ddp) if watched else None
+    assert wait is None or not isinstance(wait, NoCollectives)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
     generator = torch.Generator().manual_seed(rank)
     waits = []
@@ -54,27 +68,32 @@ def train(rank: int, store: str, out: str, watched: bool, slow_rank: int) -> Non
         optimizer.step()
         if wait is not None:
             waits.append(wait.take())
-    torch.save({"waits": waits, "params": [p.detach() for p in ddp.parameters()]}, out)
+    params = [p.full_tensor() if kind == "fsdp" else p for p in ddp.parameters()]
+    torch.save({"waits": waits, "params": [p.detach() for p in params]}, out)
     dist.barrier()
     del ddp, wait, optimizer
     end_distributed()
 
 
-def run(tmp_path: Path, watched: bool, slow_rank: int = 1) -> list[dict[str, Any]]:
-    outs = [str(tmp_path / f"{'watched' if watched else 'plain'}-{rank}.pt") for rank in range(2)]
-    store = str(tmp_path / f"{'watched' if watched else 'plain'}-store")
-    run_ranks(_entry, (store, outs, watched, slow_rank), WORLD)
+def run(tmp_path: Path, watched: bool, slow_rank: int = 1, kind: str = "ddp") -> list[Any]:
+    name = f"{kind}-{'watched' if watched else 'plain'}"
+    outs = [str(tmp_path / f"{name}-{rank}.pt") for rank in range(2)]
+    store = str(tmp_path / f"{name}-store")
+    run_ranks(_entry, (store, outs, watched, slow_rank, kind), WORLD)
     return [torch.load(out) for out in outs]
 
 
-def _entry(rank: int, store: str, outs: list[str], watched: bool, slow_rank: int) -> None:
-    train(rank, store, outs[rank], watched, slow_rank)
-
-
-def test_the_rank_that_waits_for_a_slow_peer_reports_the_wait_and_the_slow_rank_does_not(
-    tmp_path: Path,
+def _entry(
+    rank: int, store: str, outs: list[str], watched: bool, slow_rank: int, kind: str
 ) -> None:
-    healthy, slow = run(tmp_path, watched=True)
+    train(rank, store, outs[rank], watched, slow_rank, kind)
+
+
+@pytest.mark.parametrize("kind", ["ddp", "fsdp"])
+def test_the_rank_that_waits_for_a_slow_peer_reports_the_wait_and_the_slow_rank_does_not(
+    tmp_path: Path, kind: str
+) -> None:
+    healthy, slow = run(tmp_path, watched=True, kind=kind)
     healthy_wait = statistics.median(healthy["waits"][5:])
     slow_wait = statistics.median(slow["waits"][5:])
     # The healthy rank had its gradients ready EXTRA_S before the slow one and waited.
@@ -82,9 +101,12 @@ def test_the_rank_that_waits_for_a_slow_peer_reports_the_wait_and_the_slow_rank_
     assert slow_wait < healthy_wait - 0.4 * EXTRA_S, (healthy_wait, slow_wait)
 
 
-def test_the_timing_hook_leaves_the_gradients_as_ddp_averages_them(tmp_path: Path) -> None:
-    watched = run(tmp_path, watched=True)
-    plain = run(tmp_path, watched=False)
+@pytest.mark.parametrize("kind", ["ddp", "fsdp"])
+def test_the_timing_leaves_the_gradients_as_the_framework_averages_them(
+    tmp_path: Path, kind: str
+) -> None:
+    watched = run(tmp_path, watched=True, kind=kind)
+    plain = run(tmp_path, watched=False, kind=kind)
     for rank in range(WORLD):
         for mine, theirs in zip(watched[rank]["params"], plain[rank]["params"], strict=True):
             assert torch.equal(mine, theirs)

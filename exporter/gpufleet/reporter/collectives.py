@@ -45,6 +45,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
+from gpufleet.reporter.fsdp import CollectiveSpans, fsdp_units, watch_fsdp
+
 log = logging.getLogger("gpufleet.client")
 
 CommHook = Callable[[Any, Any], Any]  # (state, GradBucket) -> Future[Tensor], as DDP calls it
@@ -161,8 +163,9 @@ def data_parallel_wrapper(module: object) -> object:
 
 def watch_model(
     model: object, comm_hook: CommHook | None = None, state: object = None
-) -> CollectiveWait | NoCollectives | None:
-    """Register a timing communication hook on a DDP ``model``; None where it cannot be.
+) -> CollectiveWait | CollectiveSpans | NoCollectives | None:
+    """Register a timing communication hook on a DDP ``model``, or time the collectives
+    of an FSDP2 (``fully_shard``) one (``gpufleet.reporter.fsdp``); None where it cannot be.
 
     ``comm_hook`` / ``state``: the hook the job would register itself (DDP takes only
     one); it runs inside the timing hook, unchanged. Default: DDP's own all-reduce.
@@ -171,10 +174,12 @@ def watch_model(
     if not is_data_parallel(model):
         if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
             return NoCollectives()
+        if fsdp_units(model):
+            return watch_fsdp(model)
         log.warning(
-            "gpufleet: watch() times DistributedDataParallel models; %s is not one (FSDP, "
-            "DeepSpeed and pipeline engines are not timed yet), so its steps report step "
-            "time only: time comm() yourself to localise a slow rank",
+            "gpufleet: watch() times DistributedDataParallel and FSDP2 (fully_shard) models; "
+            "%s is neither (FSDP1, DeepSpeed and pipeline engines are not timed yet), so its "
+            "steps report step time only: time comm() yourself to localise a slow rank",
             type(model).__name__,
         )
         return None

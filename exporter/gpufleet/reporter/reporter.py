@@ -69,6 +69,7 @@ from gpufleet.reporter.wire import MAX_ATTEMPT, MAX_RANK, MAX_STAGE
 
 if TYPE_CHECKING:
     from gpufleet.reporter.collectives import CollectiveWait, CommHook, NoCollectives
+    from gpufleet.reporter.fsdp import CollectiveSpans
 
 log = logging.getLogger("gpufleet.client")
 _FINISHED = RankFinished()
@@ -158,7 +159,7 @@ class Reporter(Sender):
         self._step_counter = itertools.count()
         self._checkpoint_ids = itertools.count()
         self._last_step_end: float | None = None
-        self._collectives: CollectiveWait | NoCollectives | None = None
+        self._collectives: CollectiveWait | CollectiveSpans | NoCollectives | None = None
         if enabled and not self._identity_is_valid():
             self.enabled = enabled = False
         if enabled:
@@ -196,12 +197,14 @@ class Reporter(Sender):
 
     def watch(self, model: object, comm_hook: CommHook | None = None, state: object = None) -> bool:
         """Time this rank's own work apart from its wait for peers, for a
-        ``DistributedDataParallel`` model: ``reporter.watch(ddp_model)`` once, before
-        the first backward. Each step then reports its exposed collective wait (from
-        this rank's last gradient bucket to the end of its all-reduces) and its compute
-        as the rest of the step, which is what tells a slow rank from the ranks that
-        wait for it. ``comm_hook`` / ``state``: a communication hook of your own (DDP
-        takes one); it runs inside gpufleet's. True when the model is watched.
+        ``DistributedDataParallel`` model or one sharded by FSDP2's ``fully_shard``:
+        ``reporter.watch(model)`` once, before the first forward. Each step then reports
+        its exposed collective wait (DDP: from this rank's last gradient bucket to the
+        end of its all-reduces; FSDP2: the time in its all-gathers and reduce-scatters)
+        and its compute as the rest of the step, which is what tells a slow rank from
+        the ranks that wait for it. ``comm_hook`` / ``state``: a DDP communication hook
+        of your own (DDP takes one); it runs inside gpufleet's. True when the model is
+        watched.
         """
         if not self.enabled:
             return False
