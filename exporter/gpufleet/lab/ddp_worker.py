@@ -1,13 +1,16 @@
 """One rank of a lab job, under ``torchrun``: ``python -m gpufleet.lab.ddp_worker
---framework ddp|lightning|hf ...`` (the flags are ``Workload``'s fields).
+--framework ddp|fsdp|lightning|lightning-fsdp|hf ...`` (the flags are ``Workload``'s
+fields).
 
 Each framework is instrumented only as its user would be told to: the plain loop with
-``Reporter()``, ``reporter.watch(ddp_model)`` and ``with reporter.step(tokens=n)``;
-Lightning with ``callbacks=[GpuFleetCallback()]``; the Hugging Face Trainer with
-``callbacks=[GpuFleetTrainerCallback()]``. The one thing the harness adds is how the
-job stops: every ``check_every`` steps the ranks agree (a MAX all-reduce, outside the
-timed step) whether to stop, so that every rank stops after the same step and exits
-cleanly, which a rank stopping alone would turn into a hang in its peers' all-reduce.
+``Reporter()``, ``reporter.watch(model)`` (a DDP model, or one sharded by FSDP2's
+``fully_shard``) and ``with reporter.step(tokens=n)``; Lightning (its DDP strategy, or
+its FSDP2 ``ModelParallelStrategy``) with ``callbacks=[GpuFleetCallback()]``; the
+Hugging Face Trainer with ``callbacks=[GpuFleetTrainerCallback()]``. The one thing the
+harness adds is how the job stops: every ``check_every`` steps the ranks agree (a MAX
+all-reduce, outside the timed step) whether to stop, so that every rank stops after the
+same step and exits cleanly, which a rank stopping alone would turn into a hang in its
+peers' all-reduce.
 """
 
 from __future__ import annotations
@@ -133,10 +136,20 @@ def batches(workload: Workload) -> Iterator[dict[str, Any]]:
 
 
 def train_ddp(workload: Workload, model: TokenMlp) -> int:
+    dist.init_process_group("gloo")
+    return plain_loop(workload, DistributedDataParallel(model))
+
+
+def train_fsdp(workload: Workload, model: TokenMlp) -> int:
+    dist.init_process_group("gloo")
+    shard_layers(model)
+    return plain_loop(workload, model)
+
+
+def plain_loop(workload: Workload, ddp_model: Any) -> int:
+    """A hand-written training loop over a data-parallel model, with the README's lines."""
     from gpufleet.client import Reporter
 
-    dist.init_process_group("gloo")
-    ddp_model = DistributedDataParallel(model)
     reporter = Reporter()
     reporter.watch(ddp_model)
     optimizer = torch.optim.SGD(ddp_model.parameters(), lr=1e-3)
@@ -156,11 +169,25 @@ def train_ddp(workload: Workload, model: TokenMlp) -> int:
     return steps
 
 
+def shard_layers(model: TokenMlp, mesh: Any = None) -> None:
+    """FSDP2 units: each linear layer (as a transformer's blocks would be), then the rest."""
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model.layers:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
 def train_lightning(workload: Workload, model: TokenMlp) -> int:
     try:  # the same package the adapter's Callback comes from
         import lightning.pytorch as pl
+        from lightning.pytorch.strategies import ModelParallelStrategy
     except ImportError:
         import pytorch_lightning as pl
+        from pytorch_lightning.strategies import ModelParallelStrategy
+    world = int(os.environ["WORLD_SIZE"])
+    fsdp = workload.framework == "lightning-fsdp"
 
     from gpufleet.reporter.lightning import GpuFleetCallback
 
@@ -178,6 +205,10 @@ def train_lightning(workload: Workload, model: TokenMlp) -> int:
         def configure_optimizers(self) -> Any:
             return torch.optim.SGD(self.parameters(), lr=1e-3)
 
+        def configure_model(self) -> None:
+            if fsdp:  # Lightning's FSDP2 strategy shards here, on its device mesh
+                shard_layers(self.model, self.device_mesh["data_parallel"])
+
     class StopWhenAgreed(pl.Callback):  # type: ignore[misc]
         def __init__(self) -> None:
             self.agreement = StopAgreement(workload)
@@ -186,12 +217,13 @@ def train_lightning(workload: Workload, model: TokenMlp) -> int:
             if self.agreement.should_stop():
                 trainer.should_stop = True
 
-    world = int(os.environ["WORLD_SIZE"])
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=1,
         num_nodes=world,
-        strategy="ddp",
+        strategy=ModelParallelStrategy(data_parallel_size=world, tensor_parallel_size=1)
+        if fsdp
+        else "ddp",
         max_epochs=-1,
         callbacks=[GpuFleetCallback(), StopWhenAgreed()],
         logger=False,
@@ -243,7 +275,13 @@ def train_hf(workload: Workload, model: TokenMlp) -> int:
     return int(trainer.state.global_step)
 
 
-TRAINERS = {"ddp": train_ddp, "lightning": train_lightning, "hf": train_hf}
+TRAINERS = {
+    "ddp": train_ddp,
+    "fsdp": train_fsdp,
+    "lightning": train_lightning,
+    "lightning-fsdp": train_lightning,
+    "hf": train_hf,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
