@@ -4,7 +4,7 @@ stalls), ``hang`` (jobs that stop); ``series`` names what they record."""
 
 from __future__ import annotations
 
-from gpufleet.rules.common import RuleGroup
+from gpufleet.rules.common import Alert, Record, RuleGroup
 from gpufleet.rules.config import RulesConfig
 from gpufleet.rules.training import hang, job, straggler
 from gpufleet.rules.training.series import TrainingSeries
@@ -29,8 +29,13 @@ def training_groups(config: RulesConfig) -> list[RuleGroup]:
         *job.collective_wait_records(config, series),
         *hang.end_records(config, series),
     ]
-    alerts = [
+    # The straggler page in the group that records what it reads: a group of its own,
+    # evaluated at its own offset, would page up to one interval later.
+    coverage: list[Record | Alert] = [
+        *straggler.coverage_records(config, series),
         straggler.straggler_alert(config, series),
+    ]
+    alerts = [
         straggler.baseline_alert(config, series),
         job.job_slowdown_alert(config, series),
         straggler.stage_imbalance_alert(config, series),
@@ -44,7 +49,7 @@ def training_groups(config: RulesConfig) -> list[RuleGroup]:
     return [
         RuleGroup("gpufleet-training-peers", straggler.peer_records(config, series), every),
         RuleGroup("gpufleet-training-long-windows", long_windows, config.slow_recording_interval),
-        RuleGroup("gpufleet-training-coverage", straggler.coverage_records(config, series), every),
+        RuleGroup("gpufleet-training-coverage", coverage, every),
         RuleGroup("gpufleet-training-trends", trends, every),
         RuleGroup("gpufleet-training-alerts", alerts, every),
     ]
