@@ -15,9 +15,10 @@ Classes:
 In every run a page before the slowdown, or one naming another node, is false.
 Times are uncompressed (the production time the compressed span stands for).
 
-Then the hook's cost: two gloo ranks train one model through two DDP wrappers, one
+Then the hook's cost: two gloo ranks train one model through three DDP wrappers, one
 watched, one with DDP's all-reduce as a plain Python hook, one built in, in
-alternating blocks, so both are measured side by side.
+alternating blocks, so all are measured side by side. With ``--framework fsdp``: two
+FSDP2 copies of the model (``fully_shard`` per layer), one watched, one not.
 
     python bench/real_pytorch.py [--factors 1.05 1.10 1.20 1.40] [--placements 1 3]
         [--repeats 1] [--framework ddp] [--skip-jobs] [--skip-overhead]
@@ -43,6 +44,7 @@ from gpufleet.lab.workload import FRAMEWORKS
 STRAGGLER = "GpuFleetStragglerNode"
 # the hook's cost: DDP's built-in all-reduce, the same as a Python hook, and watched
 VARIANTS = ("plain", "python hook", "watched")
+FSDP_VARIANTS = ("plain", "watched")
 # after the slow node paged, the job runs this much longer (compressed) so that a page
 # for another node, or a late false one, still has time to show
 AFTER_PAGE_S = 20.0
@@ -165,7 +167,44 @@ def report(outcomes: list[Outcome], time_factor: int) -> dict[str, str]:
 # -- the hook's cost ------------------------------------------------------------------
 
 
-def _overhead_rank(rank: int, port: int, steps: int, block: int, out: str) -> None:
+def _overhead_model() -> Any:
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
+        torch.nn.ReLU(), torch.nn.Linear(256, 1),
+    )  # fmt: skip
+
+
+def _ddp_variants() -> dict[str, Any]:
+    import torch
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    # copies of one model (DDP takes a module once); small buckets, so that the hook
+    # runs several times a step as in a large model
+    ddps = {name: torch.nn.parallel.DistributedDataParallel(_overhead_model(), bucket_cap_mb=0.1)
+            for name in VARIANTS}  # fmt: skip
+    # DDP's own all-reduce as a Python hook: what any Python comm hook costs by itself
+    ddps["python hook"].register_comm_hook(None, allreduce_hook)
+    return ddps
+
+
+def _fsdp_variants() -> dict[str, Any]:
+    import torch
+    from torch.distributed.fsdp import fully_shard
+
+    models = {}
+    for name in FSDP_VARIANTS:
+        model = _overhead_model()
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer)
+        models[name] = fully_shard(model)
+    return models
+
+
+def _overhead_rank(rank: int, port: int, steps: int, block: int, out: str, *, kind: str) -> None:
     import torch
     import torch.distributed as dist
 
@@ -174,29 +213,15 @@ def _overhead_rank(rank: int, port: int, steps: int, block: int, out: str) -> No
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
-
-    def model() -> Any:
-        torch.manual_seed(0)
-        return torch.nn.Sequential(
-            torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
-            torch.nn.ReLU(), torch.nn.Linear(256, 1),
-        )  # fmt: skip
-
-    # two copies of one model (DDP takes a module once); small buckets, so that the hook
-    # runs several times a step as in a large model
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-    ddps = {name: torch.nn.parallel.DistributedDataParallel(model(), bucket_cap_mb=0.1)
-            for name in VARIANTS}  # fmt: skip
-    # DDP's own all-reduce as a Python hook: what any Python comm hook costs by itself
-    ddps["python hook"].register_comm_hook(None, allreduce_hook)
+    ddps = _fsdp_variants() if kind == "fsdp" else _ddp_variants()
+    variants = tuple(ddps)
     wait = watch_model(ddps["watched"])
     assert wait is not None
     optimizers = {name: torch.optim.SGD(ddp.parameters(), lr=0.01) for name, ddp in ddps.items()}
     x, y = torch.randn(32, 256), torch.randn(32, 1)
-    times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    times: dict[str, list[float]] = {name: [] for name in variants}
     for index in range(steps):
-        name = VARIANTS[(index // block) % len(VARIANTS)]
+        name = variants[(index // block) % len(variants)]
         ddp = ddps[name]
         started = time.perf_counter()
         loss = torch.nn.functional.mse_loss(ddp(x), y)
@@ -210,7 +235,7 @@ def _overhead_rank(rank: int, port: int, steps: int, block: int, out: str) -> No
     dist.destroy_process_group()
 
 
-def overhead(steps: int, block: int) -> dict[str, str]:
+def overhead(steps: int, block: int, kind: str) -> dict[str, str]:
     import torch
     import torch.multiprocessing as mp
 
@@ -219,28 +244,38 @@ def overhead(steps: int, block: int) -> dict[str, str]:
         port = sock.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
         outs = [str(Path(tmp) / f"rank-{rank}.pt") for rank in range(2)]
-        mp.start_processes(_overhead_entry, args=(port, steps, block, outs), nprocs=2)
+        plan = (steps, block, kind)
+        mp.start_processes(_overhead_entry, args=(port, plan, outs), nprocs=2)
         results = [torch.load(out) for out in outs]
-    print(
-        "\nhook cost: 2 gloo ranks, three DDP wrappers of one model (built-in all-reduce, "
-        f"it as a Python hook, watched) in alternating blocks of {block} steps ({steps} steps)"
-    )
+    if kind == "fsdp":
+        print(
+            "\ntiming cost: 2 gloo ranks, two FSDP2 copies of one model (fully_shard per "
+            f"layer; plain, watched) in alternating blocks of {block} steps ({steps} steps)"
+        )
+    else:
+        print(
+            "\nhook cost: 2 gloo ranks, three DDP wrappers of one model (built-in all-reduce, "
+            f"it as a Python hook, watched) in alternating blocks of {block} steps ({steps} steps)"
+        )
     added = []
     for rank, result in enumerate(results):
-        median = {name: statistics.median(result["times"][name][block:]) * 1e3
-                  for name in VARIANTS}  # fmt: skip
+        median = {name: statistics.median(times[block:]) * 1e3
+                  for name, times in result["times"].items()}  # fmt: skip
         plain = median["plain"]
         shown = ", ".join(
             f"{name} {value:.3f} ms ({(value - plain) * 1e3:+.0f} us)"
             for name, value in median.items()
         )
         print(f"rank {rank}: step median {shown}")
-        added.append((median["watched"] - median["python hook"]) * 1e3)
+        added.append((median["watched"] - median.get("python hook", plain)) * 1e3)
+    if kind == "fsdp":
+        return {"watched_over_plain_us": f"{statistics.median(added):+.0f}"}
     return {"hook_over_python_hook_us": f"{statistics.median(added):+.0f}"}
 
 
-def _overhead_entry(rank: int, port: int, steps: int, block: int, outs: list[str]) -> None:
-    _overhead_rank(rank, port, steps, block, outs[rank])
+def _overhead_entry(rank: int, port: int, plan: tuple[int, int, str], outs: list[str]) -> None:
+    steps, block, kind = plan
+    _overhead_rank(rank, port, steps, block, outs[rank], kind=kind)
 
 
 def main() -> int:
@@ -262,7 +297,8 @@ def main() -> int:
             outcomes = run_jobs(args, Path(tmp))
         figures |= report(outcomes, JobSpec().time_factor)
     if not args.skip_overhead:
-        figures |= overhead(args.overhead_steps, 100)
+        kind = "fsdp" if "fsdp" in args.framework else "ddp"
+        figures |= overhead(args.overhead_steps, 100, kind)
     print(" ".join(f"{key}={value}" for key, value in figures.items()))
     return 0
 
