@@ -39,13 +39,14 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-from gpufleet.reporter.fsdp import CollectiveSpans, fsdp_units, watch_fsdp
+if TYPE_CHECKING:
+    from gpufleet.reporter.fsdp import CollectiveSpans
 
 log = logging.getLogger("gpufleet.client")
 
@@ -163,7 +164,7 @@ def data_parallel_wrapper(module: object) -> object:
 
 def watch_model(
     model: object, comm_hook: CommHook | None = None, state: object = None
-) -> CollectiveWait | CollectiveSpans | NoCollectives | None:
+) -> "CollectiveWait | CollectiveSpans | NoCollectives | None":
     """Register a timing communication hook on a DDP ``model``, or time the collectives
     of an FSDP2 (``fully_shard``) one (``gpufleet.reporter.fsdp``); None where it cannot be.
 
@@ -174,6 +175,8 @@ def watch_model(
     if not is_data_parallel(model):
         if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
             return NoCollectives()
+        from gpufleet.reporter.fsdp import fsdp_units, watch_fsdp  # past is_available()
+
         if fsdp_units(model):
             return watch_fsdp(model)
         log.warning(
