@@ -3,6 +3,7 @@ real ``torch.distributed`` (gloo, CPU) processes."""
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from pathlib import Path
@@ -33,17 +34,57 @@ def model() -> Any:
     return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
 
 
-def sharded(kind: str) -> Any:
-    """The model, data-parallel as ``kind`` says: DDP, or FSDP2 (``fully_shard`` on each
-    linear layer and on the whole)."""
-    if kind == "ddp":
-        return torch.nn.parallel.DistributedDataParallel(model())
-    from torch.distributed.fsdp import fully_shard
+# DeepSpeed's ZeRO stage 2 (gradients reduced in buckets, parameters all-gathered after
+# the optimizer step), SGD as the job's own optimizer
+DEEPSPEED_CONFIG = {
+    "train_micro_batch_size_per_gpu": 8,
+    "zero_optimization": {"stage": 2},
+    "zero_allow_untested_optimizer": True,
+}
 
-    whole = model()
-    for layer in (whole[0], whole[2]):
-        fully_shard(layer)
-    return fully_shard(whole)
+
+class Trained:
+    """The model, data-parallel as ``kind`` says (DDP; FSDP2, ``fully_shard`` on each
+    linear layer and on the whole; a DeepSpeed engine), and its training step."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        whole = model()
+        if kind == "ddp":
+            self.model: Any = torch.nn.parallel.DistributedDataParallel(whole)
+        elif kind == "fsdp":
+            from torch.distributed.fsdp import fully_shard
+
+            for layer in (whole[0], whole[2]):
+                fully_shard(layer)
+            self.model = fully_shard(whole)
+        else:
+            import deepspeed
+
+            # what torchrun sets and DeepSpeed reads (one host: the rank)
+            os.environ.setdefault("LOCAL_RANK", str(dist.get_rank()))
+            optimizer = torch.optim.SGD(whole.parameters(), lr=0.1)
+            self.model, *_ = deepspeed.initialize(
+                model=whole, optimizer=optimizer, config=DEEPSPEED_CONFIG
+            )
+            return
+        self._optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
+
+    def step(self, x: Any, slow_s: float) -> None:
+        loss = self.model(x).pow(2).mean()
+        time.sleep(slow_s)
+        if self.kind == "deepspeed":
+            self.model.backward(loss)
+            self.model.step()
+            return
+        self._optimizer.zero_grad()
+        loss.backward()
+        self._optimizer.step()
+
+    def parameters(self) -> list[Any]:
+        if self.kind == "fsdp":
+            return [p.full_tensor().detach() for p in self.model.parameters()]
+        return [p.detach().clone() for p in self.model.parameters()]
 
 
 def train(rank: int, store: str, out: str, watched: bool, slow_rank: int, kind: str) -> None:
@@ -52,26 +93,20 @@ def train(rank: int, store: str, out: str, watched: bool, slow_rank: int, kind: 
     # a file store, not a TCP port picked before use: another run on the machine may take
     # a port between its pick and its bind (a rank then met a stranger's store and aborted)
     dist.init_process_group("gloo", rank=rank, world_size=WORLD, init_method=f"file://{store}")
-    ddp = sharded(kind)
-    wait = watch_model(ddp) if watched else None
+    trained = Trained(kind)
+    wait = watch_model(trained.model) if watched else None
     assert wait is None or not isinstance(wait, NoCollectives)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    assert not watched or watch_model(trained.model) is wait  # watched twice: timed once
     generator = torch.Generator().manual_seed(rank)
     waits = []
     for _ in range(STEPS):
         x = torch.randn(8, 16, generator=generator)
-        loss = ddp(x).pow(2).mean()
-        if rank == slow_rank:
-            time.sleep(EXTRA_S)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+        trained.step(x, EXTRA_S if rank == slow_rank else 0.0)
         if wait is not None:
             waits.append(wait.take())
-    params = [p.full_tensor() if kind == "fsdp" else p for p in ddp.parameters()]
-    torch.save({"waits": waits, "params": [p.detach() for p in params]}, out)
+    torch.save({"waits": waits, "params": trained.parameters()}, out)
     dist.barrier()
-    del ddp, wait, optimizer
+    del trained, wait
     end_distributed()
 
 
@@ -89,10 +124,19 @@ def _entry(
     train(rank, store, outs[rank], watched, slow_rank, kind)
 
 
-@pytest.mark.parametrize("kind", ["ddp", "fsdp"])
+KINDS = ["ddp", "fsdp", "deepspeed"]
+
+
+def needs(kind: str) -> None:
+    if kind == "deepspeed":
+        pytest.importorskip("deepspeed")
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_the_rank_that_waits_for_a_slow_peer_reports_the_wait_and_the_slow_rank_does_not(
     tmp_path: Path, kind: str
 ) -> None:
+    needs(kind)
     healthy, slow = run(tmp_path, watched=True, kind=kind)
     healthy_wait = statistics.median(healthy["waits"][5:])
     slow_wait = statistics.median(slow["waits"][5:])
@@ -101,10 +145,11 @@ def test_the_rank_that_waits_for_a_slow_peer_reports_the_wait_and_the_slow_rank_
     assert slow_wait < healthy_wait - 0.4 * EXTRA_S, (healthy_wait, slow_wait)
 
 
-@pytest.mark.parametrize("kind", ["ddp", "fsdp"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_the_timing_leaves_the_gradients_as_the_framework_averages_them(
     tmp_path: Path, kind: str
 ) -> None:
+    needs(kind)
     watched = run(tmp_path, watched=True, kind=kind)
     plain = run(tmp_path, watched=False, kind=kind)
     for rank in range(WORLD):
@@ -174,4 +219,22 @@ def _find_wrappers(rank: int, store: str) -> None:
     mine(torch.randn(4, 16)).sum().backward()
     assert mine.module[0].weight.grad is not None
     del wrapped, hooked, mine
+    end_distributed()
+
+
+def test_the_deepspeed_engine_of_a_bare_model_is_found(tmp_path: Path) -> None:
+    # as the Hugging Face callback finds it, from the Trainer's bare model
+    pytest.importorskip("deepspeed")
+    run_ranks(_find_engine, (str(tmp_path / "store"),), 1)
+
+
+def _find_engine(rank: int, store: str) -> None:
+    dist.init_process_group("gloo", rank=rank, world_size=1, init_method=f"file://{store}")
+    trained = Trained("deepspeed")
+    engine = trained.model
+    assert data_parallel_wrapper(engine.module) is engine
+    assert data_parallel_wrapper(engine) is engine
+    other = model()
+    assert data_parallel_wrapper(other) is other
+    del trained, engine
     end_distributed()

@@ -264,7 +264,7 @@ def test_megatron_cores_groups_page_the_same(cluster: Cluster, jobs: dict[str, f
 
 def test_deepspeeds_pipeline_grid_pages_the_same(cluster: Cluster, jobs: dict[str, float]) -> None:
     if "tp-deepspeed" not in jobs:
-        pytest.skip("deepspeed is not installed (it is no dependency of gpufleet)")
+        pytest.skip("deepspeed is not installed (the adapters extra brings it)")
     alert = cluster.wait_firing("tp-deepspeed", jobs["tp-deepspeed"])
     assert alert["labels"]["group"] == "tp"
     assert cluster.tp_groups("tp-deepspeed") == {"0": 2.0}

@@ -46,7 +46,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 if TYPE_CHECKING:
-    from gpufleet.reporter.fsdp import CollectiveSpans
+    from gpufleet.reporter.spans import CollectiveSpans
 
 log = logging.getLogger("gpufleet.client")
 
@@ -146,18 +146,21 @@ def is_data_parallel(model: object) -> bool:
 
 
 def data_parallel_wrapper(module: object) -> object:
-    """The DDP model that wraps ``module``, else ``module``. The Hugging Face Trainer hands
-    its callbacks the bare model, while the DDP wrapper that accelerate made holds it as
-    ``.module``; the wrapper is found among the objects the collector tracks (once, at
+    """The DDP model or DeepSpeed engine that wraps ``module``, else ``module``. The Hugging
+    Face Trainer hands its callbacks the bare model, while the wrapper that accelerate made
+    holds it as ``.module``; the wrapper is found among the objects the collector tracks (once, at
     the start of training: a walk over every tracked object, tens of milliseconds)."""
-    if is_data_parallel(module):
+    from gpufleet.reporter.deepspeed_engine import engine_class
+
+    engine = engine_class("DeepSpeedEngine")
+    wrappers = (torch.nn.parallel.DistributedDataParallel, *([engine] if engine else []))
+    if isinstance(module, wrappers):
         return module
     import gc
 
-    wrapper = torch.nn.parallel.DistributedDataParallel
     for candidate in gc.get_objects():
         # type(), not isinstance(): some torch objects warn when their __class__ is read
-        if issubclass(type(candidate), wrapper) and candidate.module is module:
+        if issubclass(type(candidate), wrappers) and candidate.module is module:
             return candidate
     return module
 
@@ -166,7 +169,8 @@ def watch_model(
     model: object, comm_hook: CommHook | None = None, state: object = None
 ) -> "CollectiveWait | CollectiveSpans | NoCollectives | None":
     """Register a timing communication hook on a DDP ``model``, or time the collectives
-    of an FSDP2 (``fully_shard``) one (``gpufleet.reporter.fsdp``); None where it cannot be.
+    of an FSDP2 (``fully_shard``) model (``gpufleet.reporter.fsdp``) or a DeepSpeed
+    engine (``gpufleet.reporter.deepspeed_engine``); None where it cannot be.
 
     ``comm_hook`` / ``state``: the hook the job would register itself (DDP takes only
     one); it runs inside the timing hook, unchanged. Default: DDP's own all-reduce.
@@ -175,17 +179,25 @@ def watch_model(
     if not is_data_parallel(model):
         if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
             return NoCollectives()
-        from gpufleet.reporter.fsdp import fsdp_units, watch_fsdp  # past is_available()
+        # past is_available(): torch.distributed's submodules exist
+        from gpufleet.reporter.deepspeed_engine import is_deepspeed_engine, watch_deepspeed
+        from gpufleet.reporter.fsdp import fsdp_units, watch_fsdp
 
+        if is_deepspeed_engine(model):
+            return watch_deepspeed(model)
         if fsdp_units(model):
             return watch_fsdp(model)
         log.warning(
-            "gpufleet: watch() times DistributedDataParallel and FSDP2 (fully_shard) models; "
-            "%s is neither (FSDP1, DeepSpeed and pipeline engines are not timed yet), so its "
-            "steps report step time only: time comm() yourself to localise a slow rank",
+            "gpufleet: watch() times DistributedDataParallel, FSDP2 (fully_shard) models and "
+            "DeepSpeed engines; %s is none of them (FSDP1 and pipeline engines are not timed "
+            "yet), so its steps report step time only: time comm() yourself to localise a "
+            "slow rank",
             type(model).__name__,
         )
         return None
+    watched = getattr(model, "_gpufleet_wait", None)
+    if isinstance(watched, CollectiveWait):  # watched before: its hook is gpufleet's
+        return watched
     device = next(iter(model.parameters()), torch.empty(0)).device  # type: ignore[attr-defined]
     wait = CollectiveWait(comm_hook, cuda=device.type == "cuda")
     if comm_hook is None:
@@ -199,4 +211,5 @@ def watch_model(
             error,
         )
         return None
+    model._gpufleet_wait = wait  # type: ignore[attr-defined]
     return wait

@@ -69,7 +69,7 @@ from gpufleet.reporter.wire import MAX_ATTEMPT, MAX_RANK, MAX_STAGE
 
 if TYPE_CHECKING:
     from gpufleet.reporter.collectives import CollectiveWait, CommHook, NoCollectives
-    from gpufleet.reporter.fsdp import CollectiveSpans
+    from gpufleet.reporter.spans import CollectiveSpans
 
 log = logging.getLogger("gpufleet.client")
 _FINISHED = RankFinished()
