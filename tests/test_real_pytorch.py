@@ -1,8 +1,9 @@
 """Detection on real PyTorch jobs: 4 "nodes" launched by ``torchrun`` (one per node, a
 c10d rendezvous), ``torch.distributed`` with gloo on CPU, instrumented only with
-gpufleet's integration lines (plain DDP, FSDP2's ``fully_shard``, Lightning's DDP and
-FSDP2 strategies, the Hugging Face Trainer), one agent per node and a real Prometheus running
-the generated rules compressed FACTOR times in time (``gpufleet.lab.realjob``).
+gpufleet's integration lines (plain DDP, FSDP2's ``fully_shard``, a DeepSpeed ZeRO-2
+engine, Lightning's DDP and FSDP2 strategies, the Hugging Face Trainer), one agent per
+node and a real Prometheus running the generated rules compressed FACTOR times in time
+(``gpufleet.lab.realjob``).
 
 A rank's GPU kernels are a sleep (``Workload``), 50 ms a step: the rest of a step is
 CPU work that a loaded machine stretches on every rank alike, and the longer it is
@@ -103,12 +104,16 @@ def assert_pages_the_slow_node_only(result: JobResult) -> None:
           f"{to_page / 60:.1f} uncompressed minutes after its slowdown; {why}")  # fmt: skip
 
 
-@pytest.mark.parametrize("framework", ["ddp", "fsdp", "lightning", "lightning-fsdp", "hf"])
+@pytest.mark.parametrize(
+    "framework", ["ddp", "fsdp", "deepspeed", "lightning", "lightning-fsdp", "hf"]
+)
 def test_one_slow_rank_pages_its_node_and_no_other(framework: Framework, tmp_path: Path) -> None:
     if framework.startswith("lightning"):
         pytest.importorskip("pytorch_lightning")
     elif framework == "hf":
         pytest.importorskip("transformers")
+    elif framework == "deepspeed":
+        pytest.importorskip("deepspeed")
     result = run_job(slow_job(framework), tmp_path, until=slow_node_paged)
     assert_pages_the_slow_node_only(result)
 

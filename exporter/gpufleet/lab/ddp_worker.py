@@ -1,16 +1,16 @@
 """One rank of a lab job, under ``torchrun``: ``python -m gpufleet.lab.ddp_worker
---framework ddp|fsdp|lightning|lightning-fsdp|hf ...`` (the flags are ``Workload``'s
-fields).
+--framework ddp|fsdp|lightning|lightning-fsdp|hf|deepspeed ...`` (the flags are
+``Workload``'s fields).
 
 Each framework is instrumented only as its user would be told to: the plain loop with
 ``Reporter()``, ``reporter.watch(model)`` (a DDP model, or one sharded by FSDP2's
-``fully_shard``) and ``with reporter.step(tokens=n)``; Lightning (its DDP strategy, or
-its FSDP2 ``ModelParallelStrategy``) with ``callbacks=[GpuFleetCallback()]``; the
-Hugging Face Trainer with ``callbacks=[GpuFleetTrainerCallback()]``. The one thing the
-harness adds is how the job stops: every ``check_every`` steps the ranks agree (a MAX
-all-reduce, outside the timed step) whether to stop, so that every rank stops after the
-same step and exits cleanly, which a rank stopping alone would turn into a hang in its
-peers' all-reduce.
+``fully_shard``, or a DeepSpeed ZeRO-2 engine) and ``with reporter.step(tokens=n)``;
+Lightning (its DDP strategy, or its FSDP2 ``ModelParallelStrategy``) with
+``callbacks=[GpuFleetCallback()]``; the Hugging Face Trainer with
+``callbacks=[GpuFleetTrainerCallback()]``. The one thing the harness adds is how the job
+stops: every ``check_every`` steps the ranks agree (a MAX all-reduce, outside the timed
+step) whether to stop, so that every rank stops after the same step and exits cleanly,
+which a rank stopping alone would turn into a hang in its peers' all-reduce.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -148,19 +148,49 @@ def train_fsdp(workload: Workload, model: TokenMlp) -> int:
 
 def plain_loop(workload: Workload, ddp_model: Any) -> int:
     """A hand-written training loop over a data-parallel model, with the README's lines."""
+    optimizer = torch.optim.SGD(ddp_model.parameters(), lr=1e-3)
+
+    def backward_and_step(loss: Any) -> None:
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    return instrumented_loop(workload, ddp_model, backward_and_step)
+
+
+def train_deepspeed(workload: Workload, model: TokenMlp) -> int:
+    import deepspeed
+
+    dist.init_process_group("gloo")
+    engine, *_ = deepspeed.initialize(
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=1e-3),
+        config={
+            "train_micro_batch_size_per_gpu": workload.batch_seqs,
+            "zero_optimization": {"stage": 2},
+            "zero_allow_untested_optimizer": True,
+        },
+    )
+
+    def backward_and_step(loss: Any) -> None:
+        engine.backward(loss)
+        engine.step()
+
+    return instrumented_loop(workload, engine, backward_and_step)
+
+
+def instrumented_loop(
+    workload: Workload, model: Any, backward_and_step: Callable[[Any], None]
+) -> int:
     from gpufleet.client import Reporter
 
     reporter = Reporter()
-    reporter.watch(ddp_model)
-    optimizer = torch.optim.SGD(ddp_model.parameters(), lr=1e-3)
+    reporter.watch(model)
     stop = StopAgreement(workload)
     steps = 0
     for batch in batches(workload):
         with reporter.step(tokens=workload.tokens_per_step):
-            loss = ddp_model(batch["inputs"], batch["labels"])["loss"]
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+            backward_and_step(model(batch["inputs"], batch["labels"])["loss"])
         steps += 1
         if stop.should_stop():
             break
@@ -281,6 +311,7 @@ TRAINERS = {
     "lightning": train_lightning,
     "lightning-fsdp": train_lightning,
     "hf": train_hf,
+    "deepspeed": train_deepspeed,
 }
 
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-Framework = Literal["ddp", "fsdp", "lightning", "lightning-fsdp", "hf"]
+Framework = Literal["ddp", "fsdp", "lightning", "lightning-fsdp", "hf", "deepspeed"]
 FRAMEWORKS: tuple[Framework, ...] = get_args(Framework)
 
 
