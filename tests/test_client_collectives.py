@@ -114,7 +114,7 @@ def run(tmp_path: Path, watched: bool, slow_rank: int = 1, kind: str = "ddp") ->
     name = f"{kind}-{'watched' if watched else 'plain'}"
     outs = [str(tmp_path / f"{name}-{rank}.pt") for rank in range(2)]
     store = str(tmp_path / f"{name}-store")
-    run_ranks(_entry, (store, outs, watched, slow_rank, kind), WORLD)
+    run_ranks(_entry, (store, outs, watched, slow_rank, kind), WORLD, timeout_s=timeout_s(kind))
     return [torch.load(out) for out in outs]
 
 
@@ -125,6 +125,12 @@ def _entry(
 
 
 KINDS = ["ddp", "fsdp", "deepspeed"]
+
+
+def timeout_s(kind: str) -> float:
+    # DeepSpeed's first start on a machine compiles its shared-memory collectives (where a
+    # C++ compiler is found): 42 s alone here, more on a loaded machine
+    return 300.0 if kind == "deepspeed" else 120.0
 
 
 def needs(kind: str) -> None:
@@ -225,7 +231,7 @@ def _find_wrappers(rank: int, store: str) -> None:
 def test_the_deepspeed_engine_of_a_bare_model_is_found(tmp_path: Path) -> None:
     # as the Hugging Face callback finds it, from the Trainer's bare model
     pytest.importorskip("deepspeed")
-    run_ranks(_find_engine, (str(tmp_path / "store"),), 1)
+    run_ranks(_find_engine, (str(tmp_path / "store"),), 1, timeout_s=timeout_s("deepspeed"))
 
 
 def _find_engine(rank: int, store: str) -> None:
