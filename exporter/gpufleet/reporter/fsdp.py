@@ -46,9 +46,9 @@ from gpufleet.reporter.spans import CollectiveSpans
 log = logging.getLogger("gpufleet.client")
 
 
-class TimedAllGather:
-    """FSDP2's all-gather interface (``torch.distributed.fsdp``'s ``AllGather``) around
-    the unit's own all-gather."""
+class _TimedComm:
+    """What FSDP2's collective interfaces (``torch.distributed.fsdp``'s ``AllGather`` and
+    ``ReduceScatter``) share: buffers come from the unit's own collective."""
 
     def __init__(self, inner: Any, spans: CollectiveSpans) -> None:
         self.inner = inner
@@ -56,6 +56,10 @@ class TimedAllGather:
 
     def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return self.inner.allocate(size, dtype=dtype, device=device)
+
+
+class TimedAllGather(_TimedComm):
+    """The unit's own all-gather, its span noted."""
 
     def __call__(
         self,
@@ -67,15 +71,8 @@ class TimedAllGather:
         return self.spans.timed(self.inner, output_tensor, input_tensor, group, async_op)
 
 
-class TimedReduceScatter:
-    """FSDP2's reduce-scatter interface (``ReduceScatter``) around the unit's own."""
-
-    def __init__(self, inner: Any, spans: CollectiveSpans) -> None:
-        self.inner = inner
-        self.spans = spans
-
-    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        return self.inner.allocate(size, dtype=dtype, device=device)
+class TimedReduceScatter(_TimedComm):
+    """The unit's own reduce-scatter, its span noted."""
 
     def __call__(
         self,
