@@ -43,42 +43,10 @@ def _model(device: str) -> Any:
 
 
 def _wrapped(kind: str, device: str) -> tuple[Any, Any]:
-    """(model, backward_and_step) for ``kind``."""
-    import torch
+    """(model, backward_and_step) for ``kind`` (``gpufleet.lab.parallel``)."""
+    from gpufleet.lab.parallel import data_parallel
 
-    model = _model(device)
-    if kind == "ddp":
-        wrapped = torch.nn.parallel.DistributedDataParallel(model)
-    elif kind == "fsdp":
-        from torch.distributed.fsdp import fully_shard
-
-        for layer in model:
-            if isinstance(layer, torch.nn.Linear):
-                fully_shard(layer)
-        wrapped = fully_shard(model)
-    else:
-        import deepspeed
-
-        engine, *_ = deepspeed.initialize(
-            model=model,
-            optimizer=torch.optim.SGD(model.parameters(), lr=1e-3),
-            config={"train_micro_batch_size_per_gpu": 32, "zero_optimization": {"stage": 2},
-                    "zero_allow_untested_optimizer": True},
-        )  # fmt: skip
-
-        def engine_step(loss: Any) -> None:
-            engine.backward(loss)
-            engine.step()
-
-        return engine, engine_step
-    optimizer = torch.optim.SGD(wrapped.parameters(), lr=1e-3)
-
-    def step(loss: Any) -> None:
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-
-    return wrapped, step
+    return data_parallel(kind, _model(device), micro_batch=32)
 
 
 def _slow_work(device: str) -> Any:

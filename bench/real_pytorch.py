@@ -177,31 +177,21 @@ def _overhead_model() -> Any:
     )  # fmt: skip
 
 
-def _ddp_variants() -> dict[str, Any]:
-    import torch
+def _variants(kind: str) -> dict[str, tuple[Any, Any]]:
+    """Copies of one model (a wrapper takes a module once), each with its step: for DDP
+    with DDP's built-in all-reduce, it as a plain Python hook (what any Python comm hook
+    costs by itself) and watched; for FSDP2 plain and watched. DDP's buckets are small,
+    so that the hook runs several times a step as in a large model."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-    # copies of one model (DDP takes a module once); small buckets, so that the hook
-    # runs several times a step as in a large model
-    ddps = {name: torch.nn.parallel.DistributedDataParallel(_overhead_model(), bucket_cap_mb=0.1)
+    from gpufleet.lab.parallel import data_parallel
+
+    if kind == "fsdp":
+        return {name: data_parallel("fsdp", _overhead_model(), lr=0.01) for name in FSDP_VARIANTS}
+    ddps = {name: data_parallel("ddp", _overhead_model(), lr=0.01, bucket_cap_mb=0.1)
             for name in VARIANTS}  # fmt: skip
-    # DDP's own all-reduce as a Python hook: what any Python comm hook costs by itself
-    ddps["python hook"].register_comm_hook(None, allreduce_hook)
+    ddps["python hook"][0].register_comm_hook(None, allreduce_hook)
     return ddps
-
-
-def _fsdp_variants() -> dict[str, Any]:
-    import torch
-    from torch.distributed.fsdp import fully_shard
-
-    models = {}
-    for name in FSDP_VARIANTS:
-        model = _overhead_model()
-        for layer in model:
-            if isinstance(layer, torch.nn.Linear):
-                fully_shard(layer)
-        models[name] = fully_shard(model)
-    return models
 
 
 def _overhead_rank(rank: int, port: int, steps: int, block: int, out: str, *, kind: str) -> None:
@@ -213,21 +203,17 @@ def _overhead_rank(rank: int, port: int, steps: int, block: int, out: str, *, ki
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
-    ddps = _fsdp_variants() if kind == "fsdp" else _ddp_variants()
+    ddps = _variants(kind)
     variants = tuple(ddps)
-    wait = watch_model(ddps["watched"])
+    wait = watch_model(ddps["watched"][0])
     assert wait is not None
-    optimizers = {name: torch.optim.SGD(ddp.parameters(), lr=0.01) for name, ddp in ddps.items()}
     x, y = torch.randn(32, 256), torch.randn(32, 1)
     times: dict[str, list[float]] = {name: [] for name in variants}
     for index in range(steps):
         name = variants[(index // block) % len(variants)]
-        ddp = ddps[name]
+        ddp, step = ddps[name]
         started = time.perf_counter()
-        loss = torch.nn.functional.mse_loss(ddp(x), y)
-        optimizers[name].zero_grad()
-        loss.backward()
-        optimizers[name].step()
+        step(torch.nn.functional.mse_loss(ddp(x), y))
         if name == "watched":
             wait.take()
         times[name].append(time.perf_counter() - started)

@@ -34,52 +34,24 @@ def model() -> Any:
     return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
 
 
-# DeepSpeed's ZeRO stage 2 (gradients reduced in buckets, parameters all-gathered after
-# the optimizer step), SGD as the job's own optimizer
-DEEPSPEED_CONFIG = {
-    "train_micro_batch_size_per_gpu": 8,
-    "zero_optimization": {"stage": 2},
-    "zero_allow_untested_optimizer": True,
-}
-
-
 class Trained:
-    """The model, data-parallel as ``kind`` says (DDP; FSDP2, ``fully_shard`` on each
-    linear layer and on the whole; a DeepSpeed engine), and its training step."""
+    """The model, data-parallel as ``kind`` says (``gpufleet.lab.parallel``: DDP; FSDP2,
+    ``fully_shard`` on each linear layer and on the whole; a DeepSpeed ZeRO-2 engine),
+    and its training step."""
 
     def __init__(self, kind: str) -> None:
+        from gpufleet.lab.parallel import data_parallel
+
         self.kind = kind
-        whole = model()
-        if kind == "ddp":
-            self.model: Any = torch.nn.parallel.DistributedDataParallel(whole)
-        elif kind == "fsdp":
-            from torch.distributed.fsdp import fully_shard
-
-            for layer in (whole[0], whole[2]):
-                fully_shard(layer)
-            self.model = fully_shard(whole)
-        else:
-            import deepspeed
-
+        if kind == "deepspeed":
             # what torchrun sets and DeepSpeed reads (one host: the rank)
             os.environ.setdefault("LOCAL_RANK", str(dist.get_rank()))
-            optimizer = torch.optim.SGD(whole.parameters(), lr=0.1)
-            self.model, *_ = deepspeed.initialize(
-                model=whole, optimizer=optimizer, config=DEEPSPEED_CONFIG
-            )
-            return
-        self._optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
+        self.model, self._step = data_parallel(kind, model(), lr=0.1, micro_batch=8)
 
     def step(self, x: Any, slow_s: float) -> None:
         loss = self.model(x).pow(2).mean()
         time.sleep(slow_s)
-        if self.kind == "deepspeed":
-            self.model.backward(loss)
-            self.model.step()
-            return
-        self._optimizer.zero_grad()
-        loss.backward()
-        self._optimizer.step()
+        self._step(loss)
 
     def parameters(self) -> list[Any]:
         if self.kind == "fsdp":

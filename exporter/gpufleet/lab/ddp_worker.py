@@ -20,14 +20,14 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 
+from gpufleet.lab.parallel import data_parallel, shard_layers
 from gpufleet.lab.workload import Workload
 
 POOL_BATCHES = 8  # distinct batches cycled through: enough to be real data, cheap to make
@@ -135,78 +135,28 @@ def batches(workload: Workload) -> Iterator[dict[str, Any]]:
     yield from loader
 
 
-def train_ddp(workload: Workload, model: TokenMlp) -> int:
-    dist.init_process_group("gloo")
-    return plain_loop(workload, DistributedDataParallel(model))
-
-
-def train_fsdp(workload: Workload, model: TokenMlp) -> int:
-    dist.init_process_group("gloo")
-    shard_layers(model)
-    return plain_loop(workload, model)
-
-
-def plain_loop(workload: Workload, ddp_model: Any) -> int:
-    """A hand-written training loop over a data-parallel model, with the README's lines."""
-    optimizer = torch.optim.SGD(ddp_model.parameters(), lr=1e-3)
-
-    def backward_and_step(loss: Any) -> None:
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-
-    return instrumented_loop(workload, ddp_model, backward_and_step)
-
-
-def train_deepspeed(workload: Workload, model: TokenMlp) -> int:
-    import deepspeed
-
-    dist.init_process_group("gloo")
-    engine, *_ = deepspeed.initialize(
-        model=model,
-        optimizer=torch.optim.SGD(model.parameters(), lr=1e-3),
-        config={
-            "train_micro_batch_size_per_gpu": workload.batch_seqs,
-            "zero_optimization": {"stage": 2},
-            "zero_allow_untested_optimizer": True,
-        },
-    )
-
-    def backward_and_step(loss: Any) -> None:
-        engine.backward(loss)
-        engine.step()
-
-    return instrumented_loop(workload, engine, backward_and_step)
-
-
-def instrumented_loop(
-    workload: Workload, model: Any, backward_and_step: Callable[[Any], None]
-) -> int:
+def train_plain(workload: Workload, model: TokenMlp) -> int:
+    """A hand-written loop over a DDP model, an FSDP2-sharded one or a DeepSpeed engine,
+    with the README's lines."""
     from gpufleet.client import Reporter
 
+    dist.init_process_group("gloo")
+    wrapped, backward_and_step = data_parallel(
+        workload.framework, model, micro_batch=workload.batch_seqs
+    )
     reporter = Reporter()
-    reporter.watch(model)
+    reporter.watch(wrapped)
     stop = StopAgreement(workload)
     steps = 0
     for batch in batches(workload):
         with reporter.step(tokens=workload.tokens_per_step):
-            backward_and_step(model(batch["inputs"], batch["labels"])["loss"])
+            backward_and_step(wrapped(batch["inputs"], batch["labels"])["loss"])
         steps += 1
         if stop.should_stop():
             break
     reporter.finish()
     dist.destroy_process_group()
     return steps
-
-
-def shard_layers(model: TokenMlp, mesh: Any = None) -> None:
-    """FSDP2 units: each linear layer (as a transformer's blocks would be), then the rest."""
-    from torch.distributed.fsdp import fully_shard
-
-    for layer in model.layers:
-        if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
 
 
 def train_lightning(workload: Workload, model: TokenMlp) -> int:
@@ -306,12 +256,12 @@ def train_hf(workload: Workload, model: TokenMlp) -> int:
 
 
 TRAINERS = {
-    "ddp": train_ddp,
-    "fsdp": train_fsdp,
+    "ddp": train_plain,
+    "fsdp": train_plain,
+    "deepspeed": train_plain,
     "lightning": train_lightning,
     "lightning-fsdp": train_lightning,
     "hf": train_hf,
-    "deepspeed": train_deepspeed,
 }
 
 
