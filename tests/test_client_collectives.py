@@ -216,3 +216,28 @@ def _find_engine(rank: int, store: str) -> None:
     assert data_parallel_wrapper(other) is other
     del trained, engine
     end_distributed()
+
+
+def test_spans_no_step_takes_are_added_up_not_held() -> None:
+    # An evaluation loop runs forwards (FSDP2's all-gathers) and no step for a long time:
+    # finished spans are added up as they come instead of held one by one.
+    from gpufleet.reporter.spans import FOLD_AFTER, CollectiveSpans
+
+    class Work:  # an asynchronous collective that already completed
+        def get_future(self) -> Any:
+            future: Any = torch.futures.Future()
+            future.set_result([torch.zeros(1)])
+            return future
+
+    def collective(seconds: float) -> Work | None:
+        time.sleep(seconds)
+        return Work()
+
+    spans = CollectiveSpans(cuda=False)
+    for _ in range(4 * FOLD_AFTER):
+        spans.timed(collective, 0.0)
+        assert len(spans._completed) <= FOLD_AFTER + 1
+    spans.timed(lambda: time.sleep(0.01))  # a synchronous one
+    waited = spans.take()
+    assert waited >= 0.01
+    assert spans.take() == 0.0

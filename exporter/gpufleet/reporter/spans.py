@@ -10,6 +10,10 @@ from typing import Any
 
 import torch
 
+# Spans waiting to be read past which ``timed`` adds up the finished ones itself: a loop
+# of forwards with no step (evaluation) would otherwise hold every event pair
+FOLD_AFTER = 256
+
 
 class CollectiveSpans:
     """The summed spans of a model's collectives (FSDP2, DeepSpeed), taken per step.
@@ -26,6 +30,8 @@ class CollectiveSpans:
 
     def timed(self, call: Any, *args: Any, **kwargs: Any) -> Any:
         """``call(*args, **kwargs)``, its span noted."""
+        if len(self._events) + len(self._completed) > FOLD_AFTER:
+            self._fold()  # no step took them (forwards outside steps): memory stays bounded
         if self.cuda:
             before = torch.cuda.Event(enable_timing=True)
             before.record()
@@ -48,14 +54,18 @@ class CollectiveSpans:
             work.get_future().then(done)
         return work
 
-    def take(self) -> float:
-        """Seconds spent in collectives since the last call."""
-        wait, self._wait_s = self._wait_s, 0.0
+    def _fold(self) -> None:
+        """Add the spans finished so far to the running sum (training thread)."""
         completed = self._completed
         while completed:
-            wait += completed.popleft()
+            self._wait_s += completed.popleft()
         events = self._events
         while events and events[0][1].query():
             before, after = events.popleft()
-            wait += max(0.0, before.elapsed_time(after)) / 1000.0
+            self._wait_s += max(0.0, before.elapsed_time(after)) / 1000.0
+
+    def take(self) -> float:
+        """Seconds spent in collectives since the last call."""
+        self._fold()
+        wait, self._wait_s = self._wait_s, 0.0
         return wait
