@@ -197,14 +197,14 @@ class Reporter(Sender):
 
     def watch(self, model: object, comm_hook: CommHook | None = None, state: object = None) -> bool:
         """Time this rank's own work apart from its wait for peers, for a
-        ``DistributedDataParallel`` model or one sharded by FSDP2's ``fully_shard``:
-        ``reporter.watch(model)`` once, before the first forward. Each step then reports
-        its exposed collective wait (DDP: from this rank's last gradient bucket to the
-        end of its all-reduces; FSDP2: the time in its all-gathers and reduce-scatters)
-        and its compute as the rest of the step, which is what tells a slow rank from
-        the ranks that wait for it. ``comm_hook`` / ``state``: a DDP communication hook
-        of your own (DDP takes one); it runs inside gpufleet's. True when the model is
-        watched.
+        ``DistributedDataParallel`` model, one sharded by FSDP2's ``fully_shard``, or a
+        DeepSpeed engine: ``reporter.watch(model)`` once, before the first forward. Each
+        step then reports its exposed collective wait (DDP: from this rank's last
+        gradient bucket to the end of its all-reduces; FSDP2 and DeepSpeed: the time in
+        their collectives) and its compute as the rest of the step, which is what tells
+        a slow rank from the ranks that wait for it. ``comm_hook`` / ``state``: a DDP
+        communication hook of your own (DDP takes one); it runs inside gpufleet's. True
+        when the model is watched; watching it again returns the same timing.
         """
         if not self.enabled:
             return False
