@@ -215,7 +215,10 @@ def tenants(
     rules = write_rules(
         workdir / "rules",
         RulesConfig(
-            gpu_recording_interval="2s", slow_recording_interval="2s", training_interval="2s"
+            gpu_recording_interval="2s",
+            slow_recording_interval="2s",
+            dashboard_interval="2s",
+            training_interval="2s",
         ),
     )
     prometheus = PrometheusServer(

@@ -86,6 +86,7 @@ SHAPES = {
 FAST = RulesConfig(
     gpu_recording_interval="1s",
     slow_recording_interval="1s",
+    dashboard_interval="1s",
     training_interval="1s",
     targets_missing_for="30s",
     exporter_down_for="15s",

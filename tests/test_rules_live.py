@@ -54,6 +54,7 @@ episodes:
 FAST = RulesConfig(
     gpu_recording_interval="1s",
     slow_recording_interval="1s",
+    dashboard_interval="1s",
     training_interval="1s",
     rate_window="20s",
     straggler_for="10s",

@@ -178,7 +178,10 @@ def fed_prometheus(
         # Alert-only groups evaluate live (ALERTS); fast once-a-minute groups so XIDs and
         # the slow records show at once.
         live_rules = live_rules or RulesConfig(
-            gpu_recording_interval="2s", slow_recording_interval="2s", training_interval="2s"
+            gpu_recording_interval="2s",
+            slow_recording_interval="2s",
+            dashboard_interval="2s",
+            training_interval="2s",
         )
         rules = write_rules(workdir / "rules", live_rules)
         prometheus = PrometheusServer(

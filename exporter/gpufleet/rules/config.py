@@ -70,10 +70,15 @@ class RulesConfig:
     # more often; a GPU page (lost GPU, XID, row remap) comes at most one interval later.
     gpu_recording_interval: str = "1m"
     # -- Records over windows of 15 min to a day (a slow straggler, baselines, checkpoint
-    # figures, the node health signals), those only dashboards draw and the XID catalogue:
+    # figures, the node health signals) and the XID catalogue:
     # a minute changes them little; evaluated once a minute they cost a quarter, and what
     # reads them every 15 s sees the last one.
     slow_recording_interval: str = "1m"
+    # -- What only dashboards draw (gpufleet-dashboard-support: which node and tenant each
+    # GPU is on, fleet utilisation and power, per-node phase and checkpoint rates): no
+    # alert reads it, and a panel drawn from a series recorded every 2 minutes still has
+    # a point within Prometheus's 5-minute lookback at every step.
+    dashboard_interval: str = "2m"
     # -- The training records over windows of 1 to 5 minutes (peer comparison, step time,
     # hangs) and the training alerts: every 30 s, kube-prometheus-stack's own evaluation
     # interval. A 5-minute window moves a tenth in 30 s; at 15 s these groups were half of

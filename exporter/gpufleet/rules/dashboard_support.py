@@ -13,6 +13,7 @@ from gpufleet.rules.common import (
     RuleGroup,
     SeriesNames,
     metric,
+    not_from,
     with_node,
 )
 from gpufleet.rules.config import RulesConfig
@@ -42,6 +43,8 @@ class DashboardSeries(SeriesNames):
 
 def dashboard_support_group(config: RulesConfig) -> RuleGroup:
     gpus, agent, fleet = config.gpu_selector, config.agent_selector, config.fleet_selector
+    # dcgm-exporter's GPUs: not the agent's series of the same names
+    dcgm = ", ".join(part for part in (gpus, not_from(agent)) if part)
     w = config.rate_window
     month = config.reliability_window
     series = DashboardSeries.of(config)
@@ -63,10 +66,11 @@ def dashboard_support_group(config: RulesConfig) -> RuleGroup:
     rules: list[Record | Alert] = [
         # Which node each GPU is on, whichever exporter and label spelling: the node
         # dashboard selects a node's GPUs by UUID through it. gpufleet_gpu_up keeps a
-        # lost GPU (no more readings) on its node.
+        # lost GPU (no more readings) on its node; the agent serves it for every GPU, so
+        # the temperature is read only from the other exporters (half the scan).
         Record(
             series.gpu_node,
-            f"group by (node, gpu, UUID) (\n  {with_node(metric('gpufleet_gpu_up', gpus) + ' or ' + metric('DCGM_FI_DEV_GPU_TEMP', gpus), config.node_labels)}\n)",
+            f"group by (node, gpu, UUID) (\n  {with_node(metric('gpufleet_gpu_up', gpus) + ' or ' + metric('DCGM_FI_DEV_GPU_TEMP', dcgm), config.node_labels)}\n)",
         ),
         # The dashboards' namespace variable filters GPU panels through it: "All" (.*)
         # matches the unallocated GPUs too, which have no namespace label.
@@ -117,7 +121,7 @@ def dashboard_support_group(config: RulesConfig) -> RuleGroup:
             f"  / max by (training_job, node) ({metric('gpufleet_training_ranks', agent)}) > 0\n)",
         ),
     ]
-    return RuleGroup("gpufleet-dashboard-support", rules, config.slow_recording_interval)
+    return RuleGroup("gpufleet-dashboard-support", rules, config.dashboard_interval)
 
 
 # Compute slices of a GPU split into MIG instances: 7 on A100, H100, H200 and B200 (an
