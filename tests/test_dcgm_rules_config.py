@@ -342,9 +342,11 @@ def test_at_60_s_the_two_step_windows_are_one_recorded_series(tmp_path: Path) ->
         ({"xid_window": "30s"}, "scrape_interval_seconds is 15: xid_window (30s)"),
         ({"scrape_interval_seconds": 0}, "scrape_interval_seconds must be 1 or more"),
         ({"scrape_interval_seconds": "15s"}, "scrape_interval_seconds must be a number"),
+        ({"dashboard_interval": "5m"}, "dashboard_interval (5m) must be shorter than"),
+        ({"gpu_recording_interval": "10m"}, "gpu_recording_interval (10m) must be shorter than"),
     ],
 )
-def test_a_window_shorter_than_four_scrapes_is_refused(
+def test_a_window_shorter_than_four_scrapes_or_an_interval_past_the_lookback_is_refused(
     knobs: dict[str, object], message: str
 ) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):

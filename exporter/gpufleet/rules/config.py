@@ -297,6 +297,11 @@ WINDOW_SCRAPES = 4
 SCRAPE_DERIVED_WINDOWS = ("step_window", "job_slowdown_untimed_step_window", "attribution_memory")
 
 
+# Prometheus's default lookback (--query.lookback-delta): a recorded series is read for
+# this long after its last evaluation, so a group must run more often than this.
+LOOKBACK_SECONDS = 300
+
+
 def duration_seconds(text: str) -> float:
     """Seconds in a Prometheus duration such as ``1h30m``."""
     return sum(
@@ -384,6 +389,11 @@ def _check_value(name: str, value: Any, default: Any, source: str) -> Any:
     durations = ("_window", "_for", "_memory", "_offset", "_after", "_interval", "_resolution")
     if name.endswith(durations) and not _DURATION.fullmatch(value):
         raise ConfigError(f"{where} must be a Prometheus duration such as 5m or 1h, got {value!r}")
+    if name.endswith("_interval") and duration_seconds(value) >= LOOKBACK_SECONDS:
+        raise ConfigError(
+            f"{where} ({value}) must be shorter than Prometheus's 5m lookback: a series its "
+            "groups record would vanish between evaluations for the rules and panels that read it"
+        )
     if name == "runbook_url" and (
         "{anchor}" not in value or re.sub(r"\{anchor\}", "", value).count("{")
     ):
