@@ -216,6 +216,7 @@ def tenants(
         workdir / "rules",
         RulesConfig(
             gpu_recording_interval="2s",
+            gpu_long_window_interval="2s",
             slow_recording_interval="2s",
             dashboard_interval="2s",
             training_interval="2s",

@@ -85,6 +85,7 @@ SHAPES = {
 # time out: 15 s of them, not 3, before a node counts as down.
 FAST = RulesConfig(
     gpu_recording_interval="1s",
+    gpu_long_window_interval="1s",
     slow_recording_interval="1s",
     dashboard_interval="1s",
     training_interval="1s",

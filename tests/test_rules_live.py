@@ -53,6 +53,7 @@ episodes:
 """
 FAST = RulesConfig(
     gpu_recording_interval="1s",
+    gpu_long_window_interval="1s",
     slow_recording_interval="1s",
     dashboard_interval="1s",
     training_interval="1s",

@@ -179,6 +179,7 @@ def fed_prometheus(
         # the slow records show at once.
         live_rules = live_rules or RulesConfig(
             gpu_recording_interval="2s",
+            gpu_long_window_interval="2s",
             slow_recording_interval="2s",
             dashboard_interval="2s",
             training_interval="2s",

@@ -69,6 +69,10 @@ class RulesConfig:
     # per-GPU alerts run at this interval too: most read these records, which change no
     # more often; a GPU page (lost GPU, XID, row remap) comes at most one interval later.
     gpu_recording_interval: str = "1m"
+    # The counters over the health signals' windows (30 minutes to 6 hours: correctable
+    # remaps, PCIe replays, SBE ECC, NVLink replays) and GpuFleetRemapsClimbing: a scan of
+    # hours of every GPU's samples, which a few minutes more or less hardly move.
+    gpu_long_window_interval: str = "3m"
     # -- Records over windows of 15 min to a day (a slow straggler, baselines, checkpoint
     # figures, the node health signals) and the XID catalogue:
     # a minute changes them little; evaluated once a minute they cost a quarter, and what
