@@ -135,7 +135,8 @@ def _fleet_util(gpus: str) -> str:
     DCGM_FI_DEV_GPU_UTIL (NVML refuses it there): its utilisation is its instances'
     graphics engine activity (DCGM_FI_PROF_GR_ENGINE_ACTIVE, each a ratio of its own
     instance) weighted by their compute slices, out of the GPU's; slices no instance
-    holds count as idle."""
+    holds count as idle. A GPU with both (none should have) counts once, by its
+    instances: their few series are read twice, every GPU's utilisation once."""
     util = metric("DCGM_FI_DEV_GPU_UTIL", gpus)
     active = metric("DCGM_FI_PROF_GR_ENGINE_ACTIVE", gpus, 'GPU_I_ID!=""')
     slices = " or ".join(
@@ -147,4 +148,4 @@ def _fleet_util(gpus: str) -> str:
         f"    * on (slices) group_left () ({slices})\n"
         f"  ) / {MIG_SLICES}"
     )
-    return f"avg(\n  {util}\n  or ({mig} unless on (UUID) {util})\n)"
+    return f"avg(\n  {mig}\n  or ({util} unless on (UUID) {mig})\n)"

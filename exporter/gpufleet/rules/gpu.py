@@ -12,6 +12,7 @@ from gpufleet.gpu.xid_catalogue import (
     UNCLASSIFIED_ACTION,
     XidClass,
 )
+from gpufleet.rules.attribution import alert_condition
 from gpufleet.rules.common import (
     GPU,
     GPU_WHO,
@@ -432,7 +433,9 @@ def gpu_alerts(config: RulesConfig) -> list[Alert]:
         ),
         Alert(
             AlertName.GPU_MISSING,
-            f"(\n{missing}\n)\nunless on (node) max by (node) ({with_node(lost, node_labels)})\n"
+            # not a node whose missing GPU pages as lost: the lost-GPU condition as
+            # recorded every 15 s (a scan of every GPU's gpufleet_gpu_up saved here)
+            f"(\n{missing}\n)\nunless on (node) {alert_condition(AlertName.GPU_LOST)}\n"
             f"unless on (node) {collapsed}",
             "critical",
             "A node sees fewer GPUs than it should.",
