@@ -136,8 +136,11 @@ def rule_costs(prometheus: PrometheusServer, window: str = "2m") -> float:
             for s in prometheus.query(query) or []
         }
 
-    median = by_group(f"quantile_over_time(0.5, {duration}[{window}])")
-    mean = by_group(f"avg_over_time({duration}[{window}])")
+    # A group not yet evaluated reads 0: left out, so a group run once in the window
+    # (every 3 minutes, in a 2-minute window) counts that evaluation, not the zeros.
+    ran = f"({duration} > 0)[{window}:15s]"
+    median = by_group(f"quantile_over_time(0.5, {ran})")
+    mean = by_group(f"avg_over_time({ran})")
 
     def amortize(seconds: dict[str, float]) -> float:
         return sum(value * 15.0 / interval.get(name, 15.0) for name, value in seconds.items())
