@@ -112,9 +112,29 @@ def prometheus_costs(server: PrometheusServer, window_s: float) -> dict[str, Any
         f"topk(1, avg_over_time(prometheus_rule_group_last_duration_seconds{{{own}}}[{window}])"
         f" / on (rule_group) prometheus_rule_group_interval_seconds{{{own}}})"
     )
+    groups = server.query(
+        f"avg_over_time(prometheus_rule_group_last_duration_seconds{{{own}}}[{window}])"
+        f" * {EVALUATION_S} / on (rule_group) prometheus_rule_group_interval_seconds{{{own}}}"
+    )
+    # how far the remote write's sending trails what was appended (a shard's; none elsewhere)
+    lag = (
+        f"max(prometheus_remote_storage_highest_timestamp_in_seconds{{{own}}}"
+        " - ignoring (remote_name, url) group_right"
+        f" prometheus_remote_storage_queue_highest_sent_timestamp_seconds{{{own}}})"
+    )
     return {
         # the node's series and what the rules record from them; not Prometheus's own
         "series": one("prometheus_tsdb_head_series") - one(f"count({{{own}}})"),
+        # scraped, recorded and (the global Prometheus) received by remote write
+        "samples_per_s": one(
+            f"sum(rate(prometheus_tsdb_head_samples_appended_total{{{own}}}[{window}]))"
+        ),
+        "groups": {
+            sample["metric"]["rule_group"].split(";")[-1]: float(sample["value"][1])
+            for sample in groups
+        },
+        "remote_lag_p50_s": one(f"quantile_over_time(0.5, ({lag})[{window}:{EVALUATION_S:g}s])"),
+        "remote_lag_max_s": one(f"max_over_time(({lag})[{window}:{EVALUATION_S:g}s])"),
         "eval_s_per_15s": one(
             f"sum(avg_over_time(prometheus_rule_group_last_duration_seconds{{{own}}}[{window}])"
             f" * {EVALUATION_S} / on (rule_group) prometheus_rule_group_interval_seconds)"
@@ -148,6 +168,15 @@ def vmalert_iterations(url: str) -> dict[tuple[str, str], float]:
     return found
 
 
+def victoria_rows_inserted(url: str) -> float:
+    """Samples VictoriaMetrics has taken in so far (every ingestion path)."""
+    total = 0.0
+    for line in http_get(f"{url}/metrics", timeout=10.0).decode().splitlines():
+        if line.startswith("vm_rows_inserted_total"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
 def group_intervals(files: list[str]) -> dict[str, float]:
     intervals = {}
     for path in files:
@@ -173,7 +202,10 @@ def vmalert_costs(
         if runs > 0:
             per_group[group] = (total - before.get((group, "sum"), 0.0)) / runs
     if not per_group:
-        return {"eval_s_per_15s": float("nan"), "longest_share": float("nan"), "longest": "-"}
+        return {
+            "eval_s_per_15s": float("nan"), "longest_share": float("nan"), "longest": "-",
+            "groups": {},
+        }  # fmt: skip
     share = {
         group: seconds / intervals.get(group, EVALUATION_S) for group, seconds in per_group.items()
     }
@@ -183,6 +215,7 @@ def vmalert_costs(
         "longest_share": share[longest],
         "longest_group": longest,
         "longest_s": per_group[longest],
+        "groups": {group: share[group] * EVALUATION_S for group in per_group},
     }
 
 
@@ -229,10 +262,12 @@ def run_size(
         end = t0 + STORY_S if story_run else warm_until + minutes * 60
         firsts = {name: Firsts(t0) for name in ("single", *RULERS)}
         started = vm_before = None
+        rows_before = 0.0
         while time.time() < end:
             if started is None and time.time() >= warm_until:
                 started = time.time()
                 vm_before = vmalert_iterations(vmalert.url)
+                rows_before = victoria_rows_inserted(layout.victoria.url)
                 for use in usage.values():
                     use.begin()
             if one is not None:
@@ -247,6 +282,7 @@ def run_size(
         for use in usage.values():
             use.end()
         vm_after = vmalert_iterations(vmalert.url)
+        rows_per_s = (victoria_rows_inserted(layout.victoria.url) - rows_before) / window
         return {
             "nodes": nodes,
             "window_s": window,
@@ -255,6 +291,7 @@ def run_size(
             "ruler": prometheus_costs(ruler, window),
             "vmalert": vmalert_costs(vm_before, vm_after, group_intervals(layout.global_files)),
             "vm_series": float(victoria_series(layout.victoria.url)),
+            "vm_rows_per_s": rows_per_s,
             "cpu": {name: use.cpu / window for name, use in usage.items()},
             "rss_mib": {name: use.rss_mib for name, use in usage.items()},
             "firsts": {name: f.seen for name, f in firsts.items()},
@@ -273,6 +310,12 @@ def victoria_series(url: str) -> int:
     return int(float(result[0]["value"][1])) if result else 0
 
 
+def costliest(groups: dict[str, float], count: int = 4) -> str:
+    """The costliest groups, in ms per 15 s (a slower group's share of 15 s)."""
+    ranked = sorted(groups.items(), key=lambda item: -item[1])[:count]
+    return ", ".join(f"{name} {seconds * 1000:,.0f}" for name, seconds in ranked) or "-"
+
+
 def report(result: dict[str, Any], shards: int) -> None:
     nodes = result["nodes"]
     cpu, rss = result["cpu"], result["rss_mib"]
@@ -288,27 +331,34 @@ def report(result: dict[str, Any], shards: int) -> None:
               f"group {single['longest_group']} at {single['longest_share']:.0%} of its interval; "
               f"{single['missed']:.0f} missed; scrape p50 {single['scrape_p50_ms']:.0f} ms, "
               f"max {single['scrape_max_ms']:.0f} ms; CPU {cpu['single']:.0%} of a core; "
-              f"RSS {rss['single']:,.0f} MiB")  # fmt: skip
+              f"RSS {rss['single']:,.0f} MiB; "
+              f"{single['samples_per_s']:,.0f} samples/s")  # fmt: skip
+        print(f"    costliest groups (ms per 15 s): {costliest(single['groups'])}")
     for name, costs in zip(shard_names, result["shards"], strict=True):
         print(f"  {name}: {costs['series']:,.0f} series; gpu.rules.yaml "
               f"{costs['eval_s_per_15s'] * 1000:,.0f} ms per 15 s, longest group "
               f"{costs['longest_share']:.0%} of its interval, {costs['missed']:.0f} missed; "
               f"scrape p50 {costs['scrape_p50_ms']:.0f} ms; CPU {cpu[name]:.0%}, "
-              f"RSS {rss[name]:,.0f} MiB")  # fmt: skip
+              f"RSS {rss[name]:,.0f} MiB; {costs['samples_per_s']:,.0f} samples/s; "
+              f"remote-write lag median {costs['remote_lag_p50_s']:.1f} s, "
+              f"max {costs['remote_lag_max_s']:.1f} s")  # fmt: skip
     ruler = result["vmalert"]
     print(f"  VictoriaMetrics: {result['vm_series']:,.0f} series "
           f"({result['vm_series'] / nodes:.0f} per node); CPU {cpu['vm']:.0%}, "
-          f"RSS {rss['vm']:,.0f} MiB")  # fmt: skip
+          f"RSS {rss['vm']:,.0f} MiB; {result['vm_rows_per_s']:,.0f} samples/s in")  # fmt: skip
     print(f"  vmalert (the global files): {ruler['eval_s_per_15s'] * 1000:,.0f} ms per 15 s; "
           f"longest group {ruler.get('longest_group')} "
           f"{ruler.get('longest_s', float('nan')) * 1000:,.0f} ms "
           f"({ruler['longest_share']:.0%} of its interval); CPU {cpu['vmalert']:.0%}, "
           f"RSS {rss['vmalert']:,.0f} MiB")  # fmt: skip
+    print(f"    costliest groups (ms per 15 s): {costliest(ruler['groups'])}")
     own = result["ruler"]
     print(f"  global Prometheus (the global files, fed by remote write): {own['series']:,.0f} "
           f"series ({own['series'] / nodes:.0f} per node); {own['eval_s_per_15s'] * 1000:,.0f} ms "
           f"per 15 s; longest group {own['longest_group']} at {own['longest_share']:.0%} of its "
-          f"interval; CPU {cpu['ruler']:.0%}, RSS {rss['ruler']:,.0f} MiB")  # fmt: skip
+          f"interval; CPU {cpu['ruler']:.0%}, RSS {rss['ruler']:,.0f} MiB; "
+          f"{own['samples_per_s']:,.0f} samples/s")  # fmt: skip
+    print(f"    costliest groups (ms per 15 s): {costliest(own['groups'])}")
     print(f"  simulator serving both: CPU {cpu['simulator']:.0%} of a core")
     shards_cpu, shards_rss = sum(cpu[n] for n in shard_names), sum(rss[n] for n in shard_names)
     print(f"  shards + global Prometheus: CPU {shards_cpu + cpu['ruler']:.0%} of a core, RSS "
@@ -407,6 +457,25 @@ def table(results: list[dict[str, Any]]) -> None:
               f"| {own['eval_s_per_15s'] * 1000:,.0f} ms, {rss['ruler'] / 1024:.1f} GiB "
               f"| {ruler['eval_s_per_15s'] * 1000:,.0f} ms "
               f"({ruler.get('longest_s', float('nan')) * 1000:,.0f} ms) |")  # fmt: skip
+    print("\n| nodes | one Prometheus: samples/s, scrape median / max "
+          "| largest shard: samples/s, scrape median / max, remote-write lag median / max "
+          "| global Prometheus: samples/s | VictoriaMetrics: samples/s in |")  # fmt: skip
+    print("|---|---|---|---|---|")
+    for result in results:
+        single = result["single"]
+        alone = (
+            f"{single['samples_per_s']:,.0f}, {single['scrape_p50_ms']:.0f} / "
+            f"{single['scrape_max_ms']:,.0f} ms"
+            if single
+            else "-"
+        )
+        shard = max(result["shards"], key=lambda costs: costs["samples_per_s"])
+        print(f"| {result['nodes']:,} | {alone} "
+              f"| {shard['samples_per_s']:,.0f}, {shard['scrape_p50_ms']:.0f} / "
+              f"{shard['scrape_max_ms']:,.0f} ms, {shard['remote_lag_p50_s']:.1f} / "
+              f"{shard['remote_lag_max_s']:.1f} s "
+              f"| {result['ruler']['samples_per_s']:,.0f} "
+              f"| {result['vm_rows_per_s']:,.0f} |")  # fmt: skip
 
 
 if __name__ == "__main__":
