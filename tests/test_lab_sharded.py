@@ -48,6 +48,22 @@ def test_an_alert_later_than_the_loose_bound_fails() -> None:
     assert not compare(ONE, sharded, EXPECTED, 7.0, each_s=30.0)[0]
 
 
+def test_an_alert_of_a_slower_group_is_held_to_its_own_interval() -> None:
+    # the bench's bound: each alert within one interval of its own group (a 30 s group's
+    # input that arrives just after its evaluation waits a whole 30 s), the median tight
+    sharded = dict(ONE)
+    sharded[("A", "node-1")] += 28.0
+    per_alert = {"A": 35.0}  # A's group runs every 30 s; the others at the default
+    ok, lines = compare(ONE, sharded, EXPECTED, 7.0, each_s=per_alert)
+    assert ok, lines
+    assert "A 35 s" in lines[-1]
+    assert not compare(ONE, sharded, EXPECTED, 7.0)[0]  # the same gap against 7 s each
+    sharded[("E", "job")] += 8.0  # E has no entry: held to the median's 7 s
+    ok, lines = compare(ONE, sharded, EXPECTED, 7.0, each_s=per_alert)
+    assert not ok
+    assert "late: E 8.0 s > 7 s" in lines[-1]
+
+
 def checkpoint_windows(nodes: int, tmp_path: Path) -> list[tuple[float, float, float]]:
     """(duration, queue wait, service) of each checkpoint of the story on ``nodes``."""
     scenario = load_scenario(str(story(nodes, tmp_path / f"story-{nodes}.yaml")))
