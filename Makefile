@@ -26,7 +26,7 @@ help:
 	@echo "make docs             build the documentation site into build/site (mkdocs --strict)"
 	@echo "make dashboard-previews  draw every dashboard's panels from a simulated cluster (docs/dashboards/)"
 	@echo "make bench            every benchmark, headline figures in one table (~25 min)"
-	@echo "make bench SCALE=1    also 64 to 2,048 nodes on one Prometheus and sharded (~45 min more)"
+	@echo "make bench SCALE=1    also 64 to 2,048 nodes on one Prometheus and sharded (~35 min more)"
 	@echo "make bench-detect     detection benchmark: 256 nodes x 3 days x 3 seeds (~15 min)"
 	@echo "make bench-detect-quick  small detection benchmark (under 3 min)"
 
@@ -159,7 +159,7 @@ node-exporter:
 	  $(SUDO) apt-get update && \
 	  $(SUDO) apt-get install -y --no-install-recommends prometheus-node-exporter; }
 
-# SCALE=1: also one Prometheus beside the sharded layout from 64 to 2,048 nodes (~45 min)
+# SCALE=1: also one Prometheus beside the sharded layout from 64 to 2,048 nodes (~35 min)
 bench: venv binaries node-exporter
 	$(PY) bench/run_all.py $(if $(SCALE),--scale)
 

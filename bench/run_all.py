@@ -67,7 +67,7 @@ BENCHES: list[tuple[str, str, list[str], list[str] | None]] = [
 ]
 
 
-# With --scale: one Prometheus beside the sharded layout from 64 to 2,048 nodes (~45 min)
+# With --scale: one Prometheus beside the sharded layout from 64 to 2,048 nodes (~35 min)
 SCALE_BENCH: tuple[str, str, list[str], list[str] | None] = (
     "sharded, 64 to 2,048 nodes",
     "scale_sharded.py",

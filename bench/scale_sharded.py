@@ -13,15 +13,16 @@ the job pages as hung first. Set-ups scraping it every 15 s with the shipped rul
 
 All run at once on the same simulator, so their costs are measured side by side on a
 shared machine. Per size: head series, the rule evaluation per 15 s (groups at longer
-intervals amortized), the longest group against its interval, missed iterations, the
-scrape duration, CPU and memory of every process. At the story size (default: the
-largest) the run lasts the whole story and the alerts are compared: the shards with
-the global Prometheus must fire what one Prometheus fires, for the same nodes, each
-first seen within one evaluation interval of it (plus the 1 s send and a 2 s poll on
-each side);
-with vmalert, the same alerts (how late each is, is printed).
+intervals amortized) and the costliest groups, the longest group against its interval,
+missed iterations, the scrape duration, samples per second, each shard's remote-write
+lag, CPU and memory of every process. At the story size (default: the largest) the
+run lasts the whole story and the alerts are compared: the shards with the global
+Prometheus must fire what one Prometheus fires, for the same nodes, each first seen
+within one evaluation interval of its group (the training groups run every 30 s; the
+median alert within 15 s), plus the 1 s send and a 2 s poll on each side; with
+vmalert, the same alerts (how late each is, is printed).
 
-    python bench/scale_sharded.py                            # 64 ... 2,048 nodes, ~45 min
+    python bench/scale_sharded.py                            # 64 ... 2,048 nodes, ~35 min
     python bench/scale_sharded.py --nodes 64 --shards 2      # the story at 64 nodes, ~16 min
     python bench/scale_sharded.py --nodes 512 --story-nodes 0 --minutes 4
 """
