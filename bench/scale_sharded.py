@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
 import statistics
 import sys
@@ -42,6 +41,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from gpufleet.lab.devstack import AlertmanagerServer, PrometheusServer
 from gpufleet.lab.processes import (
@@ -64,6 +65,7 @@ from gpufleet.lab.sharded import (
     scraped,
 )
 from gpufleet.promapi import PrometheusApi
+from gpufleet.rules.config import duration_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "alerts"
@@ -110,14 +112,15 @@ def prometheus_costs(server: PrometheusServer, window_s: float) -> dict[str, Any
         result = server.query(expr)
         return float(result[0]["value"][1]) if result else float("nan")
 
-    longest = server.query(
-        f"topk(1, avg_over_time(prometheus_rule_group_last_duration_seconds{{{own}}}[{window}])"
-        f" / on (rule_group) prometheus_rule_group_interval_seconds{{{own}}})"
-    )
-    groups = server.query(
-        f"avg_over_time(prometheus_rule_group_last_duration_seconds{{{own}}}[{window}])"
-        f" * {EVALUATION_S} / on (rule_group) prometheus_rule_group_interval_seconds{{{own}}}"
-    )
+    # each group's mean evaluation as its share of 15 s (a 1-minute group counts a quarter)
+    groups = {
+        sample["metric"]["rule_group"].split(";")[-1]: float(sample["value"][1])
+        for sample in server.query(
+            f"avg_over_time(prometheus_rule_group_last_duration_seconds{{{own}}}[{window}])"
+            f" * {EVALUATION_S} / on (rule_group) prometheus_rule_group_interval_seconds{{{own}}}"
+        )
+    }
+    longest = max(groups, key=lambda group: groups[group], default="-")
     # how far the remote write's sending trails what was appended (a shard's; none elsewhere)
     lag = (
         f"max(prometheus_remote_storage_highest_timestamp_in_seconds{{{own}}}"
@@ -131,18 +134,12 @@ def prometheus_costs(server: PrometheusServer, window_s: float) -> dict[str, Any
         "samples_per_s": one(
             f"sum(rate(prometheus_tsdb_head_samples_appended_total{{{own}}}[{window}]))"
         ),
-        "groups": {
-            sample["metric"]["rule_group"].split(";")[-1]: float(sample["value"][1])
-            for sample in groups
-        },
+        "groups": groups,
         "remote_lag_p50_s": one(f"quantile_over_time(0.5, ({lag})[{window}:{EVALUATION_S:g}s])"),
         "remote_lag_max_s": one(f"max_over_time(({lag})[{window}:{EVALUATION_S:g}s])"),
-        "eval_s_per_15s": one(
-            f"sum(avg_over_time(prometheus_rule_group_last_duration_seconds{{{own}}}[{window}])"
-            f" * {EVALUATION_S} / on (rule_group) prometheus_rule_group_interval_seconds)"
-        ),
-        "longest_share": float(longest[0]["value"][1]) if longest else float("nan"),
-        "longest_group": longest[0]["metric"]["rule_group"].split(";")[-1] if longest else "-",
+        "eval_s_per_15s": sum(groups.values()) if groups else float("nan"),
+        "longest_share": groups[longest] / EVALUATION_S if groups else float("nan"),
+        "longest_group": longest,
         "missed": one(
             f"sum(increase(prometheus_rule_group_iterations_missed_total{{{own}}}[{window}]))"
         ),
@@ -156,43 +153,53 @@ def prometheus_costs(server: PrometheusServer, window_s: float) -> dict[str, Any
     }
 
 
-_SAMPLE = re.compile(r'^(vmalert_iteration_duration_seconds_(?:sum|count))\{.*group="([^"]*)"')
+def samples(url: str) -> list[Sample]:
+    """Every sample a server's /metrics page serves."""
+    text = http_get(f"{url}/metrics", timeout=10.0).decode()
+    return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
 
 
 def vmalert_iterations(url: str) -> dict[tuple[str, str], float]:
     """vmalert's per-group evaluation seconds and iteration counts so far."""
     found: dict[tuple[str, str], float] = {}
-    for line in http_get(f"{url}/metrics", timeout=10.0).decode().splitlines():
-        match = _SAMPLE.match(line)
-        if match:
-            key = (match.group(2), match.group(1).rsplit("_", 1)[1])
-            found[key] = found.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    for sample in samples(url):
+        kind = sample.name.removeprefix("vmalert_iteration_duration_seconds_")
+        if kind in ("sum", "count"):
+            key = (sample.labels["group"], kind)
+            found[key] = found.get(key, 0.0) + sample.value
     return found
 
 
 def victoria_rows_inserted(url: str) -> float:
     """Samples VictoriaMetrics has taken in so far (every ingestion path)."""
-    total = 0.0
-    for line in http_get(f"{url}/metrics", timeout=10.0).decode().splitlines():
-        if line.startswith("vm_rows_inserted_total"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    return sum(sample.value for sample in samples(url) if sample.name == "vm_rows_inserted_total")
 
 
-def group_intervals(files: list[str], by_alert: bool = False) -> dict[str, float]:
-    """Each group's evaluation interval in seconds; ``by_alert``: keyed by the names of
-    the alerts each group holds instead."""
-    intervals = {}
-    for path in files:
-        for group in yaml.safe_load(Path(path).read_text())["groups"]:
-            every = group.get("interval", f"{EVALUATION_S:g}s")
-            seconds = float(every[:-1]) * (60 if every.endswith("m") else 1)
-            if not by_alert:
-                intervals[group["name"]] = seconds
-            for rule in group["rules"] if by_alert else ():
-                if "alert" in rule:
-                    intervals[rule["alert"]] = seconds
-    return intervals
+def rule_files() -> list[str]:
+    return sorted(str(path) for path in RULES.glob("*.rules.yaml"))
+
+
+def intervals_of(files: list[str]) -> list[tuple[dict[str, Any], float]]:
+    """Each rule group of ``files`` with its evaluation interval in seconds."""
+    return [
+        (group, duration_seconds(group.get("interval", f"{EVALUATION_S:g}s")))
+        for path in files
+        for group in yaml.safe_load(Path(path).read_text())["groups"]
+    ]
+
+
+def group_intervals(files: list[str]) -> dict[str, float]:
+    return {group["name"]: seconds for group, seconds in intervals_of(files)}
+
+
+def alert_intervals(files: list[str]) -> dict[str, float]:
+    """Each alert's evaluation interval: its group's."""
+    return {
+        rule["alert"]: seconds
+        for group, seconds in intervals_of(files)
+        for rule in group["rules"]
+        if "alert" in rule
+    }
 
 
 def vmalert_costs(
@@ -231,7 +238,7 @@ def run_size(
     nodes: int, shards: int, *, single: bool, story_run: bool, minutes: float, workdir: Path
 ) -> dict[str, Any]:
     workdir.mkdir(parents=True)
-    rules = sorted(str(path) for path in RULES.glob("*.rules.yaml"))
+    rules = rule_files()
     simulator = StoryServer(workdir, nodes, tick=15.0)
     targets = simulator.targets
     interval = f"{EVALUATION_S:g}s"
@@ -408,8 +415,7 @@ def main() -> int:
                 firsts = result["firsts"]
                 # each alert within one interval of its own group (the training groups
                 # run every 30 s), the send deadline and a poll each side; the median at 15 s
-                intervals = group_intervals(sorted(str(p) for p in RULES.glob("*.rules.yaml")),
-                                            by_alert=True)  # fmt: skip
+                intervals = alert_intervals(rule_files())
                 identical, lines = compare(
                     firsts["single"],
                     firsts["prometheus"],
